@@ -1,0 +1,1 @@
+"""rl-train tasks."""
