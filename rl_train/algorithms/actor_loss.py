@@ -47,7 +47,7 @@ def build_actor_loss_fn(cfg: PolicyLossConfig) -> LossFn:
             kl = kl_penalty(log_prob, micro_batch["ref_log_probs"], cfg.kl_penalty)
             per_token = per_token + cfg.kl_loss_coef * kl
             out["actor/kl"] = float(masked_mean(kl.detach(), mask))
-        numerator, denominator = aggregate_loss(per_token, mask, cfg.loss_agg_mode)
+        numerator, denominator = aggregate_loss(per_token, mask, cfg.loss_agg_mode, cfg.loss_agg_norm_length)
         return numerator, denominator, out
 
     return actor_loss

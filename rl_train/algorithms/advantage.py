@@ -1,7 +1,14 @@
 """Advantage estimators, registered by name in ``ADV_ESTIMATORS``.
 
 Each estimator is ``fn(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> (advantages, returns)``,
-both ``[B, T]`` and zero outside the response mask.
+both ``[B, T]`` and zero outside the response mask. Importing this module registers all of them:
+outcome (group-baseline) estimators live in ``advantage_outcome``, token-level ones in
+``advantage_token``.
+
+Multi-output sessions (one agent session producing several trainable outputs): with
+``session_ids`` set, only the last output of each session (in batch order) enters the group
+statistics of the outcome estimators, and its advantage is broadcast to the session's other
+outputs, so a long session does not count as several votes in its group.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ class AdvantageInputs:
     """Length B: samples with the same id answer the same prompt."""
     values: torch.Tensor | None = None
     """[B, T] critic values, for GAE."""
+    session_ids: Sequence[str] | None = None
+    """Length B, optional: outputs of one multi-output session share an id."""
+    reward_baselines: torch.Tensor | None = None
+    """[B] reward of the greedy response to the same prompt, for ReMax."""
 
 
 AdvantageFn = Callable[[AdvantageInputs, AlgorithmConfig], tuple[torch.Tensor, torch.Tensor]]
@@ -42,25 +53,46 @@ def group_indices(group_ids: Sequence[str]) -> list[list[int]]:
     return list(groups.values())
 
 
-@ADV_ESTIMATORS.register("grpo")
-def compute_grpo_advantage(
-    inputs: AdvantageInputs, cfg: AlgorithmConfig, epsilon: float = 1e-6
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO: score_i = (r_i - mean_g) / (std_g + eps), broadcast over the response tokens.
+def session_representatives(num_samples: int, session_ids: Sequence[str] | None) -> list[int]:
+    """For each sample, the index of the sample that represents its session (the session's last)."""
+    if session_ids is None:
+        return list(range(num_samples))
+    last: dict[str, int] = {}
+    for i, sid in enumerate(session_ids):
+        last[sid] = i
+    return [last[sid] for sid in session_ids]
 
-    std is the unbiased sample std; a group of one has mean = its own score and std 0,
-    so its advantage is exactly zero (no signal without a comparison).
-    """
+
+def sequence_scores(inputs: AdvantageInputs) -> torch.Tensor:
+    """[B] outcome score of each sample: its token rewards summed over the response mask."""
     mask = inputs.response_mask.to(inputs.token_level_rewards.dtype)
-    scores = (inputs.token_level_rewards * mask).sum(dim=-1)
-    normalized = torch.zeros_like(scores)
-    for idx in group_indices(inputs.group_ids):
-        group = scores[idx]
-        if len(idx) == 1:
-            continue
-        centred = group - group.mean()
-        if cfg.norm_adv_by_std_in_grpo:
-            centred = centred / (group.std(unbiased=True) + epsilon)
-        normalized[idx] = centred
-    advantages = normalized.unsqueeze(-1) * mask
-    return advantages, advantages
+    return (inputs.token_level_rewards * mask).sum(dim=-1)
+
+
+def outcome_advantage(
+    inputs: AdvantageInputs, group_fn: Callable[[torch.Tensor, list[int]], torch.Tensor]
+) -> torch.Tensor:
+    """[B] advantage per sample from ``group_fn(scores, group_member_indices) -> [n]``.
+
+    ``group_fn`` sees only session representatives; the result is broadcast to each session.
+    """
+    scores = sequence_scores(inputs)
+    reps = session_representatives(len(inputs.group_ids), inputs.session_ids)
+    rep_set = sorted(set(reps))
+    rep_groups: dict[str, list[int]] = defaultdict(list)
+    for i in rep_set:
+        rep_groups[inputs.group_ids[i]].append(i)
+    per_rep = torch.zeros_like(scores)
+    for members in rep_groups.values():
+        per_rep[members] = group_fn(scores, members)
+    return per_rep[reps]
+
+
+def broadcast_to_tokens(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B, T]: the sample's value on each of its response tokens, zero elsewhere."""
+    return per_sample.unsqueeze(-1) * response_mask.to(per_sample.dtype)
+
+
+# Registration side effect: every estimator module registers into ADV_ESTIMATORS on import.
+from rl_train.algorithms import advantage_outcome, advantage_token  # noqa: E402, F401
+from rl_train.algorithms.advantage_outcome import compute_grpo_advantage  # noqa: E402, F401

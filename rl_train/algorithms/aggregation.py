@@ -1,40 +1,82 @@
 """Loss aggregation: per-token losses -> (numerator, denominator) with a global denominator.
 
-The training engine sums numerators and denominators over every micro-batch and every DP
-rank and divides once (R-4.3), so the result does not depend on how a batch is split.
+The training engine sums numerators and denominators over every micro-batch and every DP rank
+and divides once (R-4.3), so the result does not depend on how a batch is split: every mode
+below is a ratio of two *sums over sequences*, never a mean of per-micro-batch means.
 ``token-sum`` returns a zero denominator; the engine clamps the global one to >= 1.
+
+Modes (N = sequences with at least one response token, L_i = response tokens of sequence i):
+- token-mean: sum_it l_it / sum_i L_i
+- token-sum: sum_it l_it
+- seq-mean-token-sum: sum_i (sum_t l_it) / N
+- seq-mean-token-mean: sum_i (sum_t l_it / L_i) / N
+- seq-mean-token-sum-norm (Dr. GRPO): sum_i (sum_t l_it / L) / N with a constant L
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-LOSS_AGG_MODES = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
+from rl_train.registry import Registry
+
+Aggregator = Callable[[torch.Tensor, torch.Tensor, float | None], tuple[torch.Tensor, float]]
+AGGREGATORS: Registry[Aggregator] = Registry("loss_agg_mode")
+
+
+def _num_seqs(mask: torch.Tensor) -> float:
+    return float((mask.sum(dim=-1) > 0).sum())
+
+
+@AGGREGATORS.register("token-mean")
+def _token_mean(
+    loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
+) -> tuple[torch.Tensor, float]:
+    return (loss * mask).sum(), float(mask.sum())
+
+
+@AGGREGATORS.register("token-sum")
+def _token_sum(
+    loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
+) -> tuple[torch.Tensor, float]:
+    return (loss * mask).sum(), 0.0
+
+
+@AGGREGATORS.register("seq-mean-token-sum")
+def _seq_mean_token_sum(
+    loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
+) -> tuple[torch.Tensor, float]:
+    return (loss * mask).sum(), _num_seqs(mask)
+
+
+@AGGREGATORS.register("seq-mean-token-mean")
+def _seq_mean_token_mean(
+    loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
+) -> tuple[torch.Tensor, float]:
+    per_seq = (loss * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+    return per_seq.sum(), _num_seqs(mask)
+
+
+@AGGREGATORS.register("seq-mean-token-sum-norm")
+def _seq_mean_token_sum_norm(
+    loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
+) -> tuple[torch.Tensor, float]:
+    # Without a constant L the padded width is used, which depends on the micro-batch:
+    # the config requires loss_agg_norm_length for this mode.
+    length = norm_length if norm_length is not None else loss.shape[-1]
+    return (loss * mask).sum() / length, _num_seqs(mask)
+
+
+LOSS_AGG_MODES = tuple(AGGREGATORS.names())
 
 
 def aggregate_loss(
     per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: float | None = None
 ) -> tuple[torch.Tensor, float]:
     """Return (numerator, denominator) of the mode's mean; see the module docstring."""
-    mask = mask.to(per_token_loss.dtype)
-    masked = per_token_loss * mask
-    tokens_per_seq = mask.sum(dim=-1)
-    num_seqs = float((tokens_per_seq > 0).sum())
-    if mode == "token-mean":
-        return masked.sum(), float(mask.sum())
-    if mode == "token-sum":
-        return masked.sum(), 0.0
-    if mode == "seq-mean-token-sum":
-        return masked.sum(), num_seqs
-    if mode == "seq-mean-token-mean":
-        return (masked.sum(dim=-1) / tokens_per_seq.clamp(min=1)).sum(), num_seqs
-    if mode == "seq-mean-token-sum-norm":
-        length = norm_length if norm_length is not None else per_token_loss.shape[-1]
-        return masked.sum() / length, num_seqs
-    raise ValueError(f"unknown loss_agg_mode {mode!r}; available: {', '.join(LOSS_AGG_MODES)}")
+    try:
+        aggregator = AGGREGATORS.get(mode)
+    except KeyError as err:
+        raise ValueError(str(err)) from None
+    return aggregator(per_token_loss, mask.to(per_token_loss.dtype), norm_length)

@@ -1,4 +1,4 @@
-"""KL estimators between the policy and a reference, per token.
+"""KL estimators between the policy and a reference, per token, registered in ``KL_ESTIMATORS``.
 
 With log_ratio = log_prob - ref_log_prob (clamped to +-20 so exp cannot overflow):
 k1 = log_ratio; abs = |log_ratio|; k2 = mse = 0.5 * log_ratio^2;
@@ -8,21 +8,43 @@ clamped to [-10, 10] because a single outlier token otherwise dominates the batc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+from rl_train.registry import Registry
 
 LOG_RATIO_BOUND = 20.0
 K3_BOUND = 10.0
 
+KlFn = Callable[[torch.Tensor], torch.Tensor]
+KL_ESTIMATORS: Registry[KlFn] = Registry("KL estimator")
+
+
+@KL_ESTIMATORS.register("k1")
+def _k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    return log_ratio
+
+
+@KL_ESTIMATORS.register("abs")
+def _abs(log_ratio: torch.Tensor) -> torch.Tensor:
+    return log_ratio.abs()
+
+
+@KL_ESTIMATORS.register("k2", "mse")
+def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_ratio.square()
+
+
+@KL_ESTIMATORS.register("k3", "low_var_kl")
+def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    return (torch.exp(-log_ratio) - 1 + log_ratio).clamp(-K3_BOUND, K3_BOUND)
+
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token KL estimate ``[B, T]`` of the policy from the reference."""
-    log_ratio = (log_prob - ref_log_prob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    if kind == "k1":
-        return log_ratio
-    if kind == "abs":
-        return log_ratio.abs()
-    if kind in ("k2", "mse"):
-        return 0.5 * log_ratio.square()
-    if kind in ("k3", "low_var_kl"):
-        return (torch.exp(-log_ratio) - 1 + log_ratio).clamp(-K3_BOUND, K3_BOUND)
-    raise ValueError(f"unknown KL estimator {kind!r}; available: abs, k1, k2, k3, low_var_kl, mse")
+    try:
+        estimator = KL_ESTIMATORS.get(kind)
+    except KeyError as err:
+        raise ValueError(str(err)) from None
+    return estimator((log_prob - ref_log_prob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))

@@ -2,7 +2,10 @@
 
 Each loss is ``fn(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> (per_token_loss, metrics)``
 with ``per_token_loss`` ``[B, T]`` (aggregated later by ``aggregation.aggregate_loss``) and
-``metrics`` a dict of scalar tensors averaged over the response tokens.
+``metrics`` a dict of scalar tensors averaged over the response tokens. Every loss multiplies its
+per-token loss by the (detached) rollout IS weights when they are given. Importing this module
+registers all losses: ratio-based variants live in ``policy_loss_ratio``, covariance-based ones
+in ``policy_loss_cov``, divergence trust regions in ``policy_loss_dppo``.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from dataclasses import dataclass
 import torch
 
 from rl_train.algorithms.config import PolicyLossConfig
+from rl_train.algorithms.masked import masked_mean
 from rl_train.registry import Registry
 
 LOG_RATIO_BOUND = 20.0
+"""Log-ratios are clamped to +-20 before exp: beyond that the ratio is numerically meaningless."""
+
+__all__ = ["POLICY_LOSSES", "PolicyLossInputs", "masked_mean", "log_ratio_of", "with_is_weights"]
 
 
 @dataclass
@@ -36,9 +43,16 @@ PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossConfig], tuple[torch.Tensor
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1)
+def log_ratio_of(inputs: PolicyLossInputs) -> torch.Tensor:
+    """[B, T] log(pi / pi_old), clamped to +-LOG_RATIO_BOUND."""
+    return (inputs.log_prob - inputs.old_log_prob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
+def with_is_weights(per_token: torch.Tensor, inputs: PolicyLossInputs) -> torch.Tensor:
+    """Multiply by the rollout IS weights (detached again, defensively) when present."""
+    if inputs.rollout_is_weights is None:
+        return per_token
+    return per_token * inputs.rollout_is_weights.detach()
 
 
 @POLICY_LOSSES.register("vanilla")
@@ -51,7 +65,7 @@ def compute_ppo_clip_loss(
     for A < 0 the loss is further bounded by -A * c (c = clip_ratio_c) so that a tiny pi_old
     cannot make one token's ratio explode the update.
     """
-    log_ratio = (inputs.log_prob - inputs.old_log_prob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    log_ratio = log_ratio_of(inputs)
     ratio = torch.exp(log_ratio)
     adv = inputs.advantages
     loss_unclipped = -adv * ratio
@@ -60,12 +74,23 @@ def compute_ppo_clip_loss(
     dual_bound = -adv * cfg.clip_ratio_c
     dual_loss = torch.minimum(clip_loss, dual_bound)
     per_token = torch.where(adv < 0, dual_loss, clip_loss)
-    if inputs.rollout_is_weights is not None:
-        per_token = per_token * inputs.rollout_is_weights
     mask = inputs.response_mask
     metrics = {
         "actor/pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), mask),
         "actor/pg_clipfrac_lower": masked_mean(((clip_loss > dual_bound) & (adv < 0)).float(), mask),
         "actor/ppo_kl": masked_mean(-log_ratio, mask).detach(),
     }
-    return per_token, metrics
+    return with_is_weights(per_token, inputs), metrics
+
+
+@POLICY_LOSSES.register("gpg")
+def compute_gpg_loss(
+    inputs: PolicyLossInputs, cfg: PolicyLossConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GPG (Chu et al. 2025): plain policy gradient -A * log pi, no ratio and no clipping."""
+    per_token = -inputs.advantages * inputs.log_prob
+    return with_is_weights(per_token, inputs), {}
+
+
+# Registration side effect: every loss module registers into POLICY_LOSSES on import.
+from rl_train.algorithms import policy_loss_cov, policy_loss_dppo, policy_loss_ratio  # noqa: E402, F401

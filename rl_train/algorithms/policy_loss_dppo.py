@@ -1,0 +1,68 @@
+"""DPPO (Qi et al. 2026, "Rethinking the Trust Region in LLM RL"): divergence trust regions.
+
+PPO's ratio clip over-constrains low-probability tokens and under-constrains high-probability
+ones. DPPO instead bounds a divergence between pi_old and pi, here with the paper's cheap
+"binary" approximation on the sampled token y (the two-outcome distribution {y, not y}):
+- TV: |pi(y) - pi_old(y)|;
+- KL: p log(p / q) + (1 - p) log((1 - p) / (1 - q)), p = pi_old(y), q = pi(y).
+A token's gradient is masked (loss = 0) only when it is outside the region *and* the update
+moves it further away in the advantage's direction (A > 0 and pi(y) > pi_old(y), or A < 0 and
+pi(y) < pi_old(y)); otherwise the loss is the unclipped -A * r.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rl_train.algorithms.config import PolicyLossConfig
+from rl_train.algorithms.masked import masked_mean
+from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, log_ratio_of, with_is_weights
+
+Metrics = dict[str, torch.Tensor]
+PROB_EPS = 1e-6
+"""Keeps the binary KL finite when a probability reaches 0 or 1."""
+
+
+def binary_tv(p_old: torch.Tensor, p_new: torch.Tensor) -> torch.Tensor:
+    return (p_new - p_old).abs()
+
+
+def binary_kl(p_old: torch.Tensor, p_new: torch.Tensor) -> torch.Tensor:
+    p = p_old.clamp(PROB_EPS, 1 - PROB_EPS)
+    q = p_new.clamp(PROB_EPS, 1 - PROB_EPS)
+    return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))
+
+
+def _dppo_loss(
+    inputs: PolicyLossInputs,
+    divergence: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    threshold: float,
+) -> tuple[torch.Tensor, Metrics]:
+    mask = inputs.response_mask
+    log_ratio = log_ratio_of(inputs)
+    adv = inputs.advantages
+    p_old = torch.exp(inputs.old_log_prob.detach())
+    p_new = torch.exp(inputs.log_prob.detach())
+    outside = divergence(p_old, p_new) > threshold
+    moving_away = ((adv > 0) & (p_new > p_old)) | ((adv < 0) & (p_new < p_old))
+    blocked = outside & moving_away
+    per_token = -adv * torch.exp(log_ratio) * (~blocked).to(adv.dtype)
+    metrics = {
+        "actor/pg_clipfrac": masked_mean(blocked.float(), mask),
+        "actor/ppo_kl": masked_mean(-log_ratio, mask).detach(),
+    }
+    return with_is_weights(per_token, inputs), metrics
+
+
+@POLICY_LOSSES.register("dppo_tv")
+def compute_dppo_tv_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
+    """DPPO with the binary total-variation region (radius dppo_tv_threshold)."""
+    return _dppo_loss(inputs, binary_tv, cfg.dppo_tv_threshold)
+
+
+@POLICY_LOSSES.register("dppo_kl")
+def compute_dppo_kl_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
+    """DPPO with the binary KL region (radius dppo_kl_threshold)."""
+    return _dppo_loss(inputs, binary_kl, cfg.dppo_kl_threshold)
