@@ -1,1 +1,1 @@
-"""rl-train storage."""
+"""Storage: the TransferQueue between the boxes, datasets, replay buffers and checkpoints."""

@@ -1,0 +1,1 @@
+"""The built-in tiny policy and HF-format loading (config.json + safetensors + tokenizer.json)."""

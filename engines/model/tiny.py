@@ -1,0 +1,101 @@
+"""``rl-train init-model``: the built-in tiny policy, written in HF format.
+
+A Qwen2-architecture causal LM of about 0.2M parameters with the character tokenizer. It is
+"pretrained" for a few seconds on arithmetic-shaped text whose answers are random digits:
+the model learns the *format* (digits, then end-of-sequence) but not the sums, so an RL run
+starts near chance (about 1/19 on single-digit sums) and has to learn the task from reward,
+the way RL on a real base model learns a skill the base model only knows the shape of.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+
+from rl_train.engines.model.tokenizer import build_char_tokenizer, load_tokenizer
+
+
+def tiny_qwen2_config(vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token_id: int) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        rope_theta=10000.0,
+    )
+
+
+def format_corpus(num_samples: int, seed: int) -> list[str]:
+    """Arithmetic-shaped lines with uniformly random answers (format, not knowledge)."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(num_samples):
+        if rng.random() < 0.5:
+            a, b, answer = rng.randint(0, 9), rng.randint(0, 9), rng.randint(0, 18)
+        else:
+            a, b = rng.randint(0, 99), rng.randint(0, 99)
+            answer = rng.randint(0, 198)
+        lines.append(f"{a}+{b}={answer}")
+    return lines
+
+
+def pretrain_format(model: PreTrainedModel, tokenizer, steps: int, seed: int, batch_size: int = 128) -> float:
+    """Teach the output format with plain next-token prediction; returns the final loss."""
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    corpus = format_corpus(steps * batch_size, seed)
+    model.train()
+    loss_value = float("nan")
+    for step in range(steps):
+        lines = corpus[step * batch_size : (step + 1) * batch_size]
+        encoded = [
+            [tokenizer.bos_token_id, *tokenizer.encode(line, add_special_tokens=False), tokenizer.eos_token_id]
+            for line in lines
+        ]
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id)
+        attention = torch.zeros((len(encoded), width), dtype=torch.long)
+        for i, ids in enumerate(encoded):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            attention[i, : len(ids)] = 1
+        labels = input_ids.masked_fill(attention == 0, -100)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss_value = float(loss)
+    model.eval()
+    return loss_value
+
+
+def create_tiny_policy(out_dir: str | Path, seed: int = 0, pretrain_steps: int = 300) -> Path:
+    """Write the tiny policy (config.json, model.safetensors, tokenizer.json) to ``out_dir``."""
+    out = Path(out_dir)
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(seed)
+    config = tiny_qwen2_config(
+        len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+    )
+    model = Qwen2ForCausalLM(config)
+    if pretrain_steps > 0:
+        pretrain_format(model, tokenizer, pretrain_steps, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load_policy(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, object]:
+    """Load an HF-format policy and its tokenizer from a local directory, offline."""
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    return model, load_tokenizer(path)

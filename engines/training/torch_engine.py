@@ -1,0 +1,162 @@
+"""The plain-torch training engine (R-4.1-4.3): one DP rank, CPU or GPU.
+
+Data parallelism is manual and exact: each rank backpropagates the *numerator* of the loss
+over its micro-batches, then gradients and denominators are summed over ranks
+(``torch.distributed`` all-reduce, gloo on CPU) and gradients are divided once by the global
+denominator. The update therefore does not depend on how the batch is cut into
+micro-batches or ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rl_train.engines.model.tiny import load_policy
+from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.micro_batch import split_micro_batches
+from rl_train.engines.training.protocol import Batch, LossFn
+
+
+def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log p(input_ids[t] | input_ids[:t]) at position t, [B, T]; position 0 gets 0."""
+    log_probs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    chosen = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(chosen, (1, 0))
+
+
+def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy of the next-token distribution that produced position t, [B, T]."""
+    log_probs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return torch.nn.functional.pad(entropy, (1, 0))
+
+
+def lr_lambda(cfg: ActorConfig, horizon_steps: int):
+    def factor(step: int) -> float:
+        if cfg.lr_warmup_steps and step < cfg.lr_warmup_steps:
+            return (step + 1) / cfg.lr_warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        span = max(horizon_steps - cfg.lr_warmup_steps, 1)
+        progress = min(max(step - cfg.lr_warmup_steps, 0) / span, 1.0)
+        decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1 - progress
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
+
+    return factor
+
+
+class TorchTrainingEngine:
+    def __init__(
+        self, model_path: str | Path, cfg: ActorConfig, horizon_steps: int, temperature: float = 1.0, seed: int = 0
+    ) -> None:
+        torch.manual_seed(seed)
+        dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+        self.model, self.tokenizer = load_policy(model_path, dtype=dtype)
+        self.cfg = cfg
+        self.temperature = temperature
+        self.horizon_steps = horizon_steps
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, horizon_steps))
+        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    # -- forward / backward --------------------------------------------------------------
+    def _forward(self, micro_batch: Batch, with_entropy: bool) -> Batch:
+        mask = micro_batch["attention_mask"]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=micro_batch["input_ids"], attention_mask=mask, position_ids=positions).logits
+        out = {"log_probs": token_log_probs(logits, micro_batch["input_ids"], self.temperature)}
+        if with_entropy:
+            out["entropy"] = token_entropy(logits, self.temperature)
+        return out
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: Batch, with_entropy: bool = False) -> Batch:
+        """Forward only, eval mode: per-token log-probs [B, T] (entropy too if asked)."""
+        self.model.eval()
+        width = batch["input_ids"].shape[1]
+        parts: dict[str, list[torch.Tensor]] = {}
+        for micro in split_micro_batches(batch, self.cfg.infer_micro_batch_size, self.cfg.max_tokens_per_micro_batch):
+            for key, value in self._forward(micro, with_entropy).items():
+                parts.setdefault(key, []).append(torch.nn.functional.pad(value, (0, width - value.shape[1])))
+        return {key: torch.cat(values) for key, values in parts.items()}
+
+    def forward_backward_batch(self, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> dict[str, object]:
+        if forward_only:
+            return dict(self.compute_log_probs(batch, with_entropy=self.cfg.entropy_coeff > 0))
+        assert loss_fn is not None, "a training pass needs a loss_fn"
+        self.model.train()
+        numerator_total = torch.zeros((), dtype=torch.float64)
+        denominator_total = torch.zeros((), dtype=torch.float64)
+        weighted: dict[str, float] = {}
+        micro_batches = split_micro_batches(batch, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+        for micro in micro_batches:
+            numerator, denominator, metrics = loss_fn(self._forward(micro, self.cfg.entropy_coeff > 0), micro)
+            numerator.backward()
+            numerator_total += numerator.detach().double()
+            denominator_total += denominator
+            tokens = float(micro["response_mask"].sum())
+            for key, value in metrics.items():
+                weighted[key] = weighted.get(key, 0.0) + value * tokens
+        totals = torch.stack([numerator_total, denominator_total, torch.tensor(float(batch["response_mask"].sum()), dtype=torch.float64)])
+        self._all_reduce_grads(totals)
+        denominator = float(totals[1].clamp(min=1.0))
+        for param in self.model.parameters():
+            if param.grad is not None:
+                param.grad.div_(denominator)
+        out: dict[str, object] = {key: value / max(float(batch["response_mask"].sum()), 1.0) for key, value in weighted.items()}
+        out["actor/loss"] = float(totals[0]) / denominator
+        out["actor/num_micro_batches"] = float(len(micro_batches))
+        return out
+
+    def _all_reduce_grads(self, totals: torch.Tensor) -> None:
+        if not self.distributed:
+            return
+        dist.all_reduce(totals)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for param, grad in zip(self.model.parameters(), grads, strict=True):
+            count = grad.numel()
+            param.grad = flat[offset : offset + count].view_as(param).to(param.dtype)
+            offset += count
+
+    def optimizer_step(self) -> dict[str, float]:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.scheduler.step()
+        return {"actor/grad_norm": float(grad_norm), "actor/lr": lr}
+
+    def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, object]:
+        """One optimizer step: zero_grad -> forward/backward -> clip -> step (R-4.1)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = self.forward_backward_batch(batch, loss_fn, forward_only=False)
+        metrics.update(self.optimizer_step())
+        return metrics
+
+    # -- export and state ---------------------------------------------------------------
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named tensors, one at a time (the model *is* an HF model: names map 1:1)."""
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach()
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.model.load_state_dict(state["model"])  # type: ignore[arg-type]
+        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]

@@ -1,0 +1,38 @@
+"""A reward worker: scores trajectories by their data_source (R-6.1, R-6.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from rl_train.engines.model.tokenizer import load_tokenizer
+from rl_train.engines.reward.rules import route_reward_fn
+
+
+class RewardWorker:
+    def __init__(self, model_path: str, tq: Any) -> None:
+        self.tokenizer = load_tokenizer(model_path)
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.tq = tq
+
+    def response_text(self, record: dict[str, Any]) -> str:
+        """Only graded tokens (response_mask == 1) up to end of sequence are the model's answer."""
+        ids = record["response_ids"]
+        mask = record.get("response_mask") or [1] * len(ids)
+        kept = []
+        for token, graded in zip(ids, mask, strict=True):
+            if token == self.eos_token_id:
+                break
+            if graded:
+                kept.append(token)
+        return self.tokenizer.decode(kept, skip_special_tokens=True)
+
+    def score(self, partition: str, keys: list[str]) -> list[float]:
+        """Write ``reward`` on each trajectory; returns the scores in key order."""
+        records = ray.get(self.tq.get.remote(partition, keys))
+        scores = [
+            route_reward_fn(r["data_source"])(self.response_text(r), r["ground_truth"]) for r in records
+        ]
+        ray.get(self.tq.put.remote(partition, {k: {"reward": s} for k, s in zip(keys, scores, strict=True)}))
+        return scores

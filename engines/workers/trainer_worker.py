@@ -1,0 +1,98 @@
+"""A training rank: the policy (and frozen reference) engines of one DP rank (R-4)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+from rl_train.algorithms.actor_loss import build_actor_loss_fn
+from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.torch_engine import TorchTrainingEngine
+from rl_train.engines.weight_sync.base import WeightSender
+from rl_train.engines.weight_sync.boundaries import run_sender
+from rl_train.storage.records import collate, scatter_response
+
+TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
+
+
+class TrainerWorker:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        model_path: str,
+        actor: dict[str, Any],
+        horizon_steps: int,
+        temperature: float,
+        seed: int,
+        tq: Any,
+        dist_address: str | None = None,
+        with_reference: bool = False,
+    ) -> None:
+        self.cfg = ActorConfig.model_validate(actor)
+        torch.set_num_threads(self.cfg.num_threads)
+        self.rank, self.world_size = rank, world_size
+        if world_size > 1:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            dist.init_process_group("gloo", init_method=f"tcp://{dist_address}", rank=rank, world_size=world_size)
+        self.engine = TorchTrainingEngine(model_path, self.cfg, horizon_steps, temperature, seed)
+        self.reference = (
+            TorchTrainingEngine(model_path, self.cfg, horizon_steps, temperature, seed) if with_reference else None
+        )
+        self.pad_token_id = int(self.engine.tokenizer.pad_token_id)
+        self.loss_fn = build_actor_loss_fn(self.cfg)
+        self.tq = tq
+        self.sender: WeightSender | None = None
+
+    def _records(self, partition: str, keys: list[str], fields: list[str]) -> list[dict[str, Any]]:
+        return ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS + fields)) if keys else []
+
+    def compute_log_probs(self, partition: str, keys: list[str], out_field: str, reference: bool = False) -> int:
+        """Forward-only pass (old_log_prob or ref); writes ``out_field`` on each record."""
+        if not keys:
+            return 0
+        engine = self.reference if reference else self.engine
+        assert engine is not None, "this rank was built without a reference model"
+        records = self._records(partition, keys, [])
+        log_probs = engine.compute_log_probs(collate(records, self.pad_token_id))["log_probs"]
+        values = scatter_response(log_probs, records)
+        ray.get(self.tq.put.remote(partition, {k: {out_field: v} for k, v in zip(keys, values, strict=True)}))
+        return len(keys)
+
+    def update(self, partition: str, keys: list[str], num_mini_batches: int) -> dict[str, float]:
+        """ppo_epochs x num_mini_batches optimizer steps over this rank's share of the batch.
+
+        Every rank must run the same number of steps (they all-reduce each one), so the
+        driver fixes ``num_mini_batches`` for all ranks.
+        """
+        fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if self.cfg.kl_loss else [])
+        records = self._records(partition, keys, fields)
+        sums: dict[str, float] = {}
+        steps = 0
+        for _ in range(self.cfg.ppo_epochs):
+            for part in range(num_mini_batches):
+                chunk = records[part::num_mini_batches] if num_mini_batches > 1 else records
+                batch = collate(chunk, self.pad_token_id, fields)
+                for key, value in self.engine.train_batch(batch, self.loss_fn).items():
+                    sums[key] = sums.get(key, 0.0) + float(value)  # type: ignore[arg-type]
+                steps += 1
+        return {key: value / max(steps, 1) for key, value in sums.items()}
+
+    # -- weights ------------------------------------------------------------------------
+    def open_sender(self, backend: Any) -> dict[str, Any]:
+        self.sender = backend.build_sender()
+        return self.sender.descriptor()
+
+    def send_weights(self, version: int) -> tuple[Any, dict[str, float]]:
+        assert self.sender is not None, "open_sender() first"
+        return run_sender(self.sender, self.engine.export_weights, version)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.engine.state_dict()
+
+    def ping(self) -> int:
+        return self.rank

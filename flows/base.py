@@ -1,0 +1,149 @@
+"""The base trainer (R-2.2): it owns init -> fit -> step; modes override lifecycle hooks only."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from rl_train.config import Config, config_to_yaml
+from rl_train.engines.model.tiny import create_tiny_policy
+from rl_train.engines.workers.pools import WorkerPools, ensure_ray
+from rl_train.flows.step import PhaseRunner, execute_global_step
+from rl_train.storage.builtin_data import write_builtin_task
+from rl_train.storage.dataset import PromptLoader, load_prompts
+from rl_train.storage.metrics import MetricsWriter
+from rl_train.storage.replay_buffer import ReplayBuffer
+from rl_train.tasks import validate
+from rl_train.tasks.context import RunContext, register_run, unregister_run
+
+
+def prepare_inputs(config: Config) -> None:
+    """Create the built-in policy and task data when they are configured and missing."""
+    if not Path(config.model.path).exists():
+        if not config.model.create_if_missing:
+            raise FileNotFoundError(f"model.path {config.model.path} does not exist (model.create_if_missing is off)")
+        print(f"creating the built-in tiny policy at {config.model.path} ...", file=sys.stderr)
+        create_tiny_policy(config.model.path, seed=config.run.seed, pretrain_steps=config.model.pretrain_steps)
+    data = config.data
+    if data.builtin_task and not all(Path(p).exists() for p in data.resolved_train_files() + data.resolved_val_files()):
+        write_builtin_task(data.builtin_task, data.data_dir, seed=config.run.seed)
+
+
+class BaseTrainer(ABC):
+    """Template method: ``fit`` runs the lifecycle; subclasses fill in the hooks."""
+
+    def __init__(self, config: Config, run_id: str | None = None) -> None:
+        self.config = config
+        self.run_id = run_id or f"{config.run.name}-{uuid.uuid4().hex[:8]}"
+        self.run_dir = f"{config.run.output_dir.rstrip('/')}/{config.run.name}"
+        self.history: list[dict[str, Any]] = []
+        self.context: RunContext | None = None
+
+    # -- template -----------------------------------------------------------------------
+    def init(self) -> None:
+        """Validate data, create the model if needed, start Ray and the worker pools."""
+        prepare_inputs(self.config)
+        train_prompts = load_prompts(self.config.data.resolved_train_files())
+        val_prompts = load_prompts(self.config.data.resolved_val_files()) if self.config.trainer.val_every_steps or self.config.trainer.val_before_train else []
+        ensure_ray(self.config.ray.address, self.config.ray.num_cpus)
+        pools = WorkerPools.create(self.run_id, self.config)
+        sampling = {"temperature": self.config.rollout.temperature, "top_p": self.config.rollout.top_p, "max_new_tokens": self.config.rollout.max_new_tokens}
+        loader = PromptLoader(train_prompts, seed=self.config.run.seed)
+        buffer = ReplayBuffer(pools.tq, pools.rollouts, loader, self.config.rollout.n, sampling)
+        self.context = RunContext(self.run_id, self.config, pools, buffer, val_prompts, hooks=self)
+        register_run(self.context)
+        self.metrics = MetricsWriter(self.run_dir)
+        self.metrics.write_text("config.yaml", config_to_yaml(self.config))
+
+    def fit(self) -> list[dict[str, Any]]:
+        self.init()
+        try:
+            self.on_train_begin()
+            pending_val = self._validate(0) if self.config.trainer.val_before_train else {}
+            for step in range(1, self.config.trainer.total_steps + 1):
+                started = time.perf_counter()
+                self.on_step_begin(step)
+                metrics: dict[str, Any] = {"step": step, **pending_val, **self.step(step)}
+                pending_val = {}
+                if self._is_validation_step(step):
+                    metrics.update(self._validate(step))
+                metrics["timing/step"] = time.perf_counter() - started
+                self.history.append(metrics)
+                self.metrics.write(metrics)
+                self._print_progress(metrics)
+            return self.history
+        finally:
+            self.on_train_end()
+            self.teardown()
+
+    def step(self, step: int) -> dict[str, float]:
+        return execute_global_step(self.run_id, step, self.config.trainer.use_prefect)
+
+    def _is_validation_step(self, step: int) -> bool:
+        every = self.config.trainer.val_every_steps
+        return bool(every) and (step % every == 0 or step == self.config.trainer.total_steps)
+
+    def _validate(self, step: int) -> dict[str, float]:
+        self.on_validate_begin(step)
+        result = validate(self.run_id, step) if self.config.trainer.use_prefect else validate.fn(self.run_id, step)
+        self.on_validate_end(step, result)
+        return result
+
+    def _print_progress(self, m: dict[str, Any]) -> None:
+        total = self.config.trainer.total_steps
+        parts = [f"step {m['step']:>4}/{total}", f"reward {m.get('reward/mean', 0):.3f}"]
+        if "val/reward_mean" in m:
+            parts.append(f"val {m['val/reward_mean']:.3f}")
+        parts += [f"loss {m.get('actor/loss', 0):+.4f}", f"len {m.get('response_length/mean', 0):.1f}", f"{m['timing/step']:.2f}s"]
+        print(" | ".join(parts), file=sys.stderr, flush=True)
+
+    def teardown(self) -> None:
+        if self.context is not None:
+            self.context.pools.shutdown()
+            unregister_run(self.run_id)
+            self.context = None
+
+    @property
+    def pools(self) -> WorkerPools:
+        assert self.context is not None, "init() first"
+        return self.context.pools
+
+    # -- hooks (R-2.2) ------------------------------------------------------------------
+    def on_train_begin(self) -> None:
+        return None
+
+    def on_train_end(self) -> None:
+        return None
+
+    def on_step_begin(self, step: int) -> None:
+        return None
+
+    @abstractmethod
+    def on_step_end(self, step: int, run: PhaseRunner) -> dict[str, float]:
+        """How the new weights reach rollout; returns the sync's metrics."""
+
+    def on_sample_begin(self, step: int, local_update: int) -> None:
+        return None
+
+    @abstractmethod
+    def on_sample_end(self, step: int, local_update: int) -> None:
+        """What happens to rollout memory after sampling."""
+
+    def on_validate_begin(self, step: int) -> None:
+        return None
+
+    def on_validate_end(self, step: int, metrics: dict[str, float]) -> None:
+        return None
+
+    def on_save_checkpoint(self, step: int) -> None:
+        return None
+
+    def rollout_call(self, method: str) -> list[Any]:
+        """Call a lifecycle method on every rollout replica and wait."""
+        return ray.get([getattr(r, method).remote() for r in self.pools.rollouts])

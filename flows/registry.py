@@ -1,0 +1,23 @@
+"""The trainer-mode registry (R-2.1): ``@register_trainer("sync")`` on a ``BaseTrainer`` subclass."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rl_train.registry import Registry
+
+TRAINERS: Registry[type] = Registry("trainer mode")
+
+
+def register_trainer(name: str) -> Callable[[type], type]:
+    return TRAINERS.register(name)
+
+
+def load_builtin_trainers() -> None:
+    """Import the built-in modes so that they register."""
+    from rl_train.flows import sync  # noqa: F401
+
+
+def get_trainer_class(name: str) -> type:
+    load_builtin_trainers()
+    return TRAINERS.get(name)

@@ -1,0 +1,23 @@
+"""``sync`` (R-2.4): rollout and training share the CPUs and strictly alternate.
+
+After sampling, rollout sleeps (its memory is free for training); at step end the new
+weights are pushed and rollout wakes. Staleness is always 0, so no eviction or IS is needed.
+"""
+
+from __future__ import annotations
+
+from rl_train import tasks
+from rl_train.flows.base import BaseTrainer
+from rl_train.flows.registry import register_trainer
+from rl_train.flows.step import PhaseRunner
+
+
+@register_trainer("sync")
+class SyncTrainer(BaseTrainer):
+    def on_sample_end(self, step: int, local_update: int) -> None:
+        self.rollout_call("sleep")
+
+    def on_step_end(self, step: int, run: PhaseRunner) -> dict[str, float]:
+        metrics = run(tasks.weight_sync, self.run_id, step)
+        self.rollout_call("wake_up")
+        return metrics

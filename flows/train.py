@@ -1,0 +1,45 @@
+"""The top-level ``rl-train`` flow: build the configured trainer mode and fit it.
+
+Its parameters are a config file path and dotted overrides (or an already-resolved config
+dict), so a deployment run carries everything needed to reproduce it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from rl_train.config import Config, load_config
+from rl_train.flows.registry import get_trainer_class
+
+
+def build_trainer(config: Config, run_id: str | None = None) -> Any:
+    """The trainer class registered under ``trainer.mode``."""
+    return get_trainer_class(config.trainer.mode)(config, run_id=run_id)
+
+
+def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
+    last = history[-1] if history else {}
+    val = [m["val/reward_mean"] for m in history if "val/reward_mean" in m]
+    return {
+        "steps": len(history),
+        "final_reward_mean": last.get("reward/mean"),
+        "final_val_reward_mean": val[-1] if val else None,
+        "first_reward_mean": history[0].get("reward/mean") if history else None,
+    }
+
+
+def run_training(config: Config, run_id: str | None = None) -> dict[str, Any]:
+    trainer = build_trainer(config, run_id)
+    history = trainer.fit()
+    return {"run_dir": trainer.run_dir, **summarize(history)}
+
+
+@flow(name="rl-train", validate_parameters=False, log_prints=True)
+def train_flow(
+    config: str | None = None, overrides: list[str] | None = None, resolved: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Train with the config file ``config`` plus dotted ``overrides`` (or a ``resolved`` dict)."""
+    cfg = Config.model_validate(resolved) if resolved is not None else load_config(config, overrides or [])
+    return run_training(cfg)

@@ -1,0 +1,119 @@
+"""``rl-train``: train, show the config, create the tiny policy and built-in data, serve deployments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from rl_train.config import ConfigError, config_to_yaml, describe_fields, load_config
+
+EPILOG = """examples:
+  rl-train train --config configs/arith-tiny.yaml trainer.total_steps=50
+  rl-train config --show --config configs/arith-tiny.yaml actor.lr=3e-4
+  rl-train init-model --out models/tiny-qwen2
+  rl-train serve            # then: prefect deployment run rl-train/sync -p config=configs/arith-tiny.yaml
+"""
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", help="YAML config file (defaults apply when omitted)")
+    parser.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="overrides, e.g. trainer.total_steps=50")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rl-train",
+        description="Agentic RL post-training: every phase a Prefect task, every model in a Ray worker pool.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="run training (through Prefect's local API unless PREFECT_API_URL is set)")
+    _add_config_args(train)
+    train.add_argument("--no-prefect", action="store_true", help="call the phase functions directly, without Prefect")
+
+    show = sub.add_parser("config", help="print the resolved config")
+    _add_config_args(show)
+    show.add_argument("--show", action="store_true", help="print the resolved config as YAML (the default)")
+    show.add_argument("--docs", action="store_true", help="print every field with its default and docstring")
+
+    init_model = sub.add_parser("init-model", help="create the built-in tiny policy (HF format)")
+    init_model.add_argument("--out", required=True, help="directory to write")
+    init_model.add_argument("--seed", type=int, default=0)
+    init_model.add_argument("--pretrain-steps", type=int, default=300, help="format-pretraining steps (0 = random init)")
+
+    init_data = sub.add_parser("init-data", help="write a built-in task's train/val Parquet files")
+    init_data.add_argument("--task", default="single_digit_sum", help="single_digit_sum or multi_digit_sum")
+    init_data.add_argument("--out", required=True)
+    init_data.add_argument("--seed", type=int, default=0)
+
+    serve = sub.add_parser("serve", help="serve the rl-train deployments against the configured Prefect API")
+    serve.add_argument("--limit", type=int, default=1, help="concurrent flow runs")
+    return parser
+
+
+def _print_docs() -> None:
+    for path, default, doc in describe_fields():
+        print(f"{path} = {default}\n    {doc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "config":
+            if args.docs:
+                _print_docs()
+                return 0
+            print(config_to_yaml(load_config(args.config, args.overrides)), end="")
+            return 0
+        if args.command == "train":
+            return _train(args)
+    except ConfigError as exc:
+        print(f"rl-train: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "init-model":
+        from rl_train.engines.model.tiny import create_tiny_policy
+
+        print(create_tiny_policy(args.out, seed=args.seed, pretrain_steps=args.pretrain_steps))
+        return 0
+    if args.command == "init-data":
+        from rl_train.storage.builtin_data import write_builtin_task
+
+        for path in write_builtin_task(args.task, args.out, seed=args.seed):
+            print(path)
+        return 0
+    if args.command == "serve":
+        from rl_train.deployments.serve import serve_deployments
+
+        serve_deployments(limit=args.limit)
+        return 0
+    return 1
+
+
+def _train(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)  # fails here, before anything starts
+    from rl_train.storage.dataset import DatasetError
+
+    try:
+        if args.no_prefect or not config.trainer.use_prefect:
+            from rl_train.flows.train import run_training
+
+            config.trainer.use_prefect = False
+            summary = run_training(config)
+        else:
+            os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+            from rl_train.flows.train import train_flow
+
+            summary = train_flow(resolved=config.model_dump(mode="json"))
+    except DatasetError as exc:
+        print(f"rl-train: bad dataset: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""The one typed config tree of a run, loaded from YAML with dotted command-line overrides.
+
+Every section forbids unknown keys and documents each field (``rl-train config --show
+--docs`` prints the docs). Errors name the dotted path, the offending value and what is
+allowed, and are raised before anything starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from rl_train.algorithms.config import AlgorithmConfig, StrictModel
+from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.weight_sync.config import WeightSyncConfig
+
+
+class RunConfig(StrictModel):
+    name: str = "arith-tiny"
+    """Run name; the run directory is <output_dir>/<name>."""
+    output_dir: str = "runs"
+    """Where run directories (metrics.jsonl, resolved config) are written: a path or s3:// URI."""
+    seed: int = 0
+    """Seed of sampling, shuffling and model init."""
+
+
+class ModelConfig(StrictModel):
+    path: str = "models/tiny-qwen2"
+    """HF-format policy directory (config.json + safetensors + tokenizer.json)."""
+    create_if_missing: bool = True
+    """Create the built-in tiny policy at `path` when the directory does not exist."""
+    pretrain_steps: int = Field(300, ge=0)
+    """Format-pretraining steps when the built-in policy is created."""
+
+
+class DataConfig(StrictModel):
+    builtin_task: str | None = "single_digit_sum"
+    """Built-in task to generate into data_dir when the files are missing (None: use your files)."""
+    data_dir: str = "data/single_digit_sum"
+    """Directory of the built-in task's train.parquet / val.parquet."""
+    train_files: list[str] = Field(default_factory=list)
+    """Parquet/JSONL training files; empty means <data_dir>/train.parquet."""
+    val_files: list[str] = Field(default_factory=list)
+    """Parquet/JSONL validation files; empty means <data_dir>/val.parquet."""
+
+    def resolved_train_files(self) -> list[str]:
+        return self.train_files or [str(Path(self.data_dir) / "train.parquet")]
+
+    def resolved_val_files(self) -> list[str]:
+        return self.val_files or [str(Path(self.data_dir) / "val.parquet")]
+
+
+class TrainerConfig(StrictModel):
+    mode: str = "sync"
+    """Trainer mode from the registry: sync (colocate_async and separate_async come with their issue)."""
+    total_steps: int = Field(60, ge=1)
+    """Global steps to train."""
+    train_batch_size: int = Field(64, ge=1)
+    """Prompt groups per global step."""
+    parameter_sync_step: int = Field(1, ge=1)
+    """Local updates per global step (R-2.3); train_batch_size must be divisible by it."""
+    val_every_steps: int = Field(10, ge=0)
+    """Validate every N global steps (and after the last); 0 turns validation off."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    use_prefect: bool = True
+    """Run each global step as a Prefect sub-flow of phase tasks (off: the same phase functions, called directly)."""
+
+
+class RolloutConfig(StrictModel):
+    n: int = Field(8, ge=1)
+    """Samples per prompt (the group size)."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature (0 = greedy); the training engine's log-probs use the same value."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    max_new_tokens: int = Field(6, ge=1)
+    """Longest response in tokens (the one source of max_tokens, R-5.2)."""
+    num_replicas: int = Field(1, ge=1)
+    """Rollout engine replicas (Ray actors)."""
+    num_threads: int = Field(2, ge=1)
+    """torch intra-op threads per replica."""
+    val_temperature: float = Field(0.0, ge=0)
+    """Temperature of validation sampling (0 = greedy)."""
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    """How trained weights reach the rollout replicas."""
+
+
+class RewardConfig(StrictModel):
+    num_workers: int = Field(1, ge=1)
+    """Reward worker actors; samples are spread across them."""
+
+
+class RayConfig(StrictModel):
+    address: str | None = None
+    """Ray cluster to join (e.g. ray://head:10001); None starts a local Ray."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of the local Ray (None: all of this machine's)."""
+
+
+class Config(StrictModel):
+    run: RunConfig = Field(default_factory=RunConfig)
+    """Run identity and output."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Prompt datasets."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Trainer mode and step counts."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Rollout sampling and replicas."""
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    """Training engine and policy loss."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantage estimator and algorithm knobs."""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """Reward pool."""
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """Ray placement."""
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Config:
+        t = self.trainer
+        if t.train_batch_size % t.parameter_sync_step:
+            raise ValueError(
+                f"trainer.train_batch_size ({t.train_batch_size}) must be divisible by "
+                f"trainer.parameter_sync_step ({t.parameter_sync_step})"
+            )
+        if self.actor.ppo_mini_batch_size and (t.train_batch_size // t.parameter_sync_step) % self.actor.ppo_mini_batch_size:
+            raise ValueError(
+                f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}) must divide the groups of one local "
+                f"update (trainer.train_batch_size / trainer.parameter_sync_step = {t.train_batch_size // t.parameter_sync_step})"
+            )
+        return self
+
+    @property
+    def optimizer_horizon_steps(self) -> int:
+        """LR schedule horizon in optimizer steps (R-2.3)."""
+        per_update = (
+            (self.trainer.train_batch_size // self.trainer.parameter_sync_step) // self.actor.ppo_mini_batch_size
+            if self.actor.ppo_mini_batch_size
+            else 1
+        )
+        return self.trainer.total_steps * self.trainer.parameter_sync_step * per_update * self.actor.ppo_epochs
+
+
+class ConfigError(ValueError):
+    """The config is invalid; the message lists every problem with its dotted path."""
+
+
+def _format_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(root)"
+        kind, msg = err["type"], err["msg"]
+        if kind == "extra_forbidden":
+            lines.append(f"{path}: unknown key (value {err['input']!r}); {_allowed_keys(err['loc'])}")
+        elif kind == "value_error":
+            lines.append(f"{path}: {msg.removeprefix('Value error, ')}")
+        else:
+            lines.append(f"{path}: got {err['input']!r}: {msg}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> str:
+    model: Any = Config
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, StrictModel):
+            return "see `rl-train config --show --docs`"
+        model = field.annotation
+    return f"allowed keys here: {', '.join(model.model_fields)}"
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as a YAML scalar/list)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like dotted.path=value")
+    path, raw = item.split("=", 1)
+    if not path or any(not part for part in path.split(".")):
+        raise ConfigError(f"override {item!r}: empty key in dotted path {path!r}")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return path.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = data
+        for depth, key in enumerate(keys[:-1]):
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(keys[: depth + 1])} is {child!r}, not a section")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """YAML file (optional) + dotted overrides -> validated ``Config``; raises ``ConfigError``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top, got {type(loaded).__name__}")
+        data = loaded or {}
+    apply_overrides(data, overrides or [])
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc)) from None
+    _check_registered_names(config)
+    return config
+
+
+def _check_registered_names(config: Config) -> None:
+    """Registered names are checked at load time too, so a typo fails before Ray starts."""
+    from rl_train.algorithms.advantage import ADV_ESTIMATORS
+    from rl_train.algorithms.policy_loss import POLICY_LOSSES
+    from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, build_weight_sync_backend
+    from rl_train.flows.registry import TRAINERS, load_builtin_trainers
+
+    load_builtin_trainers()
+    build_weight_sync_backend  # noqa: B018  (importing registers the built-in backends)
+    from rl_train.engines.weight_sync import naive  # noqa: F401
+
+    checks = [
+        ("trainer.mode", config.trainer.mode, TRAINERS),
+        ("algorithm.adv_estimator", config.algorithm.adv_estimator, ADV_ESTIMATORS),
+        ("actor.policy_loss", config.actor.policy_loss, POLICY_LOSSES),
+        ("rollout.weight_sync.backend", config.rollout.weight_sync.backend, WEIGHT_SYNC_BACKENDS),
+    ]
+    problems = [
+        f"{path}: got {value!r}: unknown name; available: {', '.join(registry.names())}"
+        for path, value, registry in checks
+        if value not in registry
+    ]
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def config_to_yaml(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def describe_fields(model: type[StrictModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted path, default, docstring) of every leaf field, for --docs and the README."""
+    rows = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, StrictModel):
+            rows.extend(describe_fields(annotation, path + "."))
+        else:
+            default = field.get_default(call_default_factory=True)
+            rows.append((path, repr(default), (field.description or "").strip()))
+    return rows

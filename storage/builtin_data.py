@@ -1,0 +1,60 @@
+"""Built-in verifiable tasks, written as Parquet train/val splits.
+
+- ``single_digit_sum``: "3+4=" -> "7". Only 100 distinct problems exist, so the train split
+  samples them with replacement and the val split is all 100 once: validation measures
+  whether the policy has learned the table, not generalisation.
+- ``multi_digit_sum``: "37+85=" -> "122", operands of 1..``digits`` digits; val problems are
+  drawn apart from train ones.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rl_train.registry import Registry
+
+Row = dict[str, str]
+BUILTIN_TASKS: Registry[Callable[..., tuple[list[Row], list[Row]]]] = Registry("built-in task")
+
+
+def _row(a: int, b: int, source: str) -> Row:
+    return {"prompt": f"{a}+{b}=", "data_source": source, "ground_truth": str(a + b)}
+
+
+@BUILTIN_TASKS.register("single_digit_sum")
+def single_digit_sum(num_train: int = 2000, seed: int = 0) -> tuple[list[Row], list[Row]]:
+    rng = random.Random(seed)
+    train = [_row(rng.randint(0, 9), rng.randint(0, 9), "arith/single_digit_sum") for _ in range(num_train)]
+    val = [_row(a, b, "arith/single_digit_sum") for a in range(10) for b in range(10)]
+    return train, val
+
+
+@BUILTIN_TASKS.register("multi_digit_sum")
+def multi_digit_sum(num_train: int = 4000, num_val: int = 200, digits: int = 2, seed: int = 0) -> tuple[list[Row], list[Row]]:
+    rng = random.Random(seed)
+    high = 10**digits - 1
+    val_pairs: set[tuple[int, int]] = set()
+    while len(val_pairs) < num_val:
+        val_pairs.add((rng.randint(0, high), rng.randint(0, high)))
+    train = []
+    while len(train) < num_train:
+        pair = (rng.randint(0, high), rng.randint(0, high))
+        if pair not in val_pairs:
+            train.append(_row(*pair, "arith/multi_digit_sum"))
+    return train, [_row(a, b, "arith/multi_digit_sum") for a, b in sorted(val_pairs)]
+
+
+def write_builtin_task(name: str, out_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` of a built-in task; returns their paths."""
+    train, val = BUILTIN_TASKS.get(name)(seed=seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = out / "train.parquet", out / "val.parquet"
+    for rows, path in zip((train, val), paths, strict=True):
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return paths
