@@ -84,7 +84,7 @@ def outcome_advantage(
         rep_groups[inputs.group_ids[i]].append(i)
     per_rep = torch.zeros_like(scores)
     for members in rep_groups.values():
-        per_rep[members] = group_fn(scores, members)
+        per_rep[members] = group_fn(scores, members).to(scores.dtype)
     return per_rep[reps]
 
 
