@@ -6,7 +6,9 @@ import pytest
 import torch
 
 
-def outcome_rewards(scores: list[float], lengths: list[int], prompt_len: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def outcome_rewards(
+    scores: list[float], lengths: list[int], prompt_len: int = 2
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(token_level_rewards, response_mask) with each score on the sample's last response token.
 
     Sample i has ``prompt_len`` masked-out prompt positions, then ``lengths[i]`` response tokens,

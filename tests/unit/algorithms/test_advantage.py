@@ -33,7 +33,7 @@ def run(name: str, inputs: AdvantageInputs, **cfg: object) -> tuple[torch.Tensor
 
 
 def test_every_estimator_is_registered() -> None:
-    assert EXPECTED_NAMES <= set(ADV_ESTIMATORS.names())
+    assert set(ADV_ESTIMATORS.names()) >= EXPECTED_NAMES
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,9 @@ def test_every_estimator_is_registered() -> None:
 )
 def test_grpo_hand_values(make_outcome: Builder, norm: bool, expected: list[float]) -> None:
     rewards, mask = make_outcome([1.0, 0.0, 0.5, 2.0], [2, 3, 1, 2])
-    adv, returns = run("grpo", AdvantageInputs(rewards, mask, ["a", "a", "a", "b"]), norm_adv_by_std_in_grpo=norm)
+    adv, returns = run(
+        "grpo", AdvantageInputs(rewards, mask, ["a", "a", "a", "b"]), norm_adv_by_std_in_grpo=norm
+    )
     assert per_sample(adv, mask) == pytest.approx(expected, abs=1e-5)
     assert torch.equal(adv, returns)
     assert torch.all(adv[mask == 0] == 0)

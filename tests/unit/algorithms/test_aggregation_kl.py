@@ -46,7 +46,9 @@ def test_unknown_mode_lists_available() -> None:
     mode=st.sampled_from(sorted(AGGREGATORS.names())),
     seed=st.integers(0, 2**16),
 )
-def test_loss_and_grad_do_not_depend_on_the_split(lengths: list[int], cuts: list[int], mode: str, seed: int) -> None:
+def test_loss_and_grad_do_not_depend_on_the_split(
+    lengths: list[int], cuts: list[int], mode: str, seed: int
+) -> None:
     # Each micro-batch is re-padded to its own width (as a dynamic batcher does), the engine sums
     # numerators / denominators and divides once; loss and gradient must match the whole batch.
     gen = torch.Generator().manual_seed(seed)
@@ -128,7 +130,9 @@ def test_clipped_value_loss() -> None:
     # v=0.2, R=1.0: unclipped (0.64) = clipped (0.64) -> 0.32.  v=-2, R=0: max(4, 0.25) * 0.5 = 2.
     values = torch.tensor([[1.0, 0.2, -2.0]], dtype=torch.float64)
     returns = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
-    loss, metrics = compute_value_loss(values, torch.zeros_like(values), returns, torch.ones_like(values), 0.5)
+    loss, metrics = compute_value_loss(
+        values, torch.zeros_like(values), returns, torch.ones_like(values), 0.5
+    )
     assert loss[0].tolist() == pytest.approx([0.125, 0.32, 2.0])
     assert float(metrics["critic/vf_clipfrac"]) == pytest.approx(1 / 3)
 

@@ -10,7 +10,18 @@ import torch
 from rl_train.algorithms.config import PolicyLossConfig
 from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs
 
-EXPECTED_NAMES = {"vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dppo_tv", "dppo_kl", "sapo", "cispo"}
+EXPECTED_NAMES = {
+    "vanilla",
+    "gspo",
+    "gpg",
+    "clip_cov",
+    "kl_cov",
+    "geo_mean",
+    "dppo_tv",
+    "dppo_kl",
+    "sapo",
+    "cispo",
+}
 
 
 def make_inputs(
@@ -23,14 +34,16 @@ def make_inputs(
     return PolicyLossInputs(old, log_prob, adv, torch.ones_like(adv))
 
 
-def loss_and_grad(name: str, inputs: PolicyLossInputs, **cfg: object) -> tuple[list[float], list[float], dict]:
+def loss_and_grad(
+    name: str, inputs: PolicyLossInputs, **cfg: object
+) -> tuple[list[float], list[float], dict]:
     per_token, metrics = POLICY_LOSSES.get(name)(inputs, PolicyLossConfig(policy_loss=name, **cfg))
     per_token.sum().backward()
     return per_token[0].tolist(), inputs.log_prob.grad[0].tolist(), metrics
 
 
 def test_every_loss_is_registered() -> None:
-    assert EXPECTED_NAMES <= set(POLICY_LOSSES.names())
+    assert set(POLICY_LOSSES.names()) >= EXPECTED_NAMES
 
 
 def test_vanilla_clip_and_dual_clip() -> None:
@@ -156,7 +169,9 @@ def test_is_weights_scale_the_loss_and_carry_no_grad(name: str) -> None:
     base = make_inputs([1.1, 0.9, 1.0], [1.0, -0.5, 2.0])
     plain, _ = POLICY_LOSSES.get(name)(base, PolicyLossConfig(policy_loss=name))
     weights = torch.tensor([[2.0, 0.5, 0.0]], dtype=torch.float64, requires_grad=True)
-    weighted_inputs = PolicyLossInputs(base.old_log_prob, base.log_prob, base.advantages, base.response_mask, weights)
+    weighted_inputs = PolicyLossInputs(
+        base.old_log_prob, base.log_prob, base.advantages, base.response_mask, weights
+    )
     weighted, _ = POLICY_LOSSES.get(name)(weighted_inputs, PolicyLossConfig(policy_loss=name))
     assert torch.allclose(weighted, plain * weights.detach())
     weighted.sum().backward()

@@ -63,7 +63,9 @@ def test_is_weights(fields: dict, expected: list[list[float]]) -> None:
 
 def test_is_weights_are_detached() -> None:
     old = OLD.clone().requires_grad_(True)
-    weights, _, _ = compute_rollout_correction(old, ROLLOUT, MASK, RolloutCorrectionConfig(rollout_is="token"))
+    weights, _, _ = compute_rollout_correction(
+        old, ROLLOUT, MASK, RolloutCorrectionConfig(rollout_is="token")
+    )
     assert weights is not None and not weights.requires_grad and weights.grad_fn is None
 
 
@@ -144,7 +146,9 @@ def test_rs_mask_is_a_subset_of_the_input_mask(options: list[str], threshold: fl
     old = torch.randn(4, 6, generator=gen, dtype=torch.float64)
     rollout = old + 0.5 * torch.randn(4, 6, generator=gen, dtype=torch.float64)
     mask = (torch.rand(4, 6, generator=gen) > 0.3).to(torch.float64)
-    cfg = RolloutCorrectionConfig(rollout_rs=",".join(options), rollout_rs_threshold=threshold, rollout_is="token")
+    cfg = RolloutCorrectionConfig(
+        rollout_rs=",".join(options), rollout_rs_threshold=threshold, rollout_is="token"
+    )
     weights, new_mask, _ = compute_rollout_correction(old, rollout, mask, cfg)
     assert torch.all(new_mask <= mask)
     assert weights is not None and torch.all(weights[new_mask == 0] == 0)
@@ -154,7 +158,11 @@ def test_runbook_warnings(caplog: pytest.LogCaptureFixture) -> None:
     monitor = RunbookMonitor()
     with caplog.at_level(logging.WARNING):
         found = monitor.check(
-            {"rollout_corr/kl": 0.6, "rollout_corr/chi2_seq": 11.0, "rollout_corr/rollout_is_eff_sample_size": 0.1}
+            {
+                "rollout_corr/kl": 0.6,
+                "rollout_corr/chi2_seq": 11.0,
+                "rollout_corr/rollout_is_eff_sample_size": 0.1,
+            }
         )
     assert len(found) == 3 and "collapse" in found[0] and "rejection" in found[1] and "tighten" in found[2]
     assert "collapse" in caplog.text
