@@ -78,13 +78,13 @@ class RolloutCorrectionConfig(StrictModel):
     rollout_is: Literal["token", "sequence"] | None = None
     """Importance-sampling level: token, sequence (ratio of the whole response), or null (off)."""
     rollout_is_threshold: str = "2.0"
-    """"u" = TIS (truncate weights above u); "lo_hi" = IcePop (zero weights outside [lo, hi])."""
+    """"u" = TIS (truncate above u); "lo_hi" = IcePop (zero outside); quote pairs in YAML (0.5_2 reads as 0.52)."""
     rollout_is_batch_normalize: bool = False
     """Rescale the IS weights so that their mean over the batch is 1."""
     rollout_rs: str | None = None
     """Rejection-sampling options, comma-separated and ANDed, e.g. "token_k1,seq_mean_k3"; null = off."""
     rollout_rs_threshold: str | None = None
-    """One bound per RS option (or one for all): "lo_hi", or u = [1/u, u] for k1, [0, u] for k2/k3."""
+    """One bound per RS option (or one for all), quoted: "lo_hi", or u = [1/u, u] for k1, [0, u] for k2/k3."""
     bypass_mode: bool = False
     """Use the rollout log-probs as old_log_prob (no recomputation); needs rollout log-probs."""
 

@@ -7,7 +7,7 @@ engine's pi_rollout), clamped to +-SAFETY_BOUND before any exp.
 - RS (``rollout_rs``) removes tokens (token_*) or whole sequences (seq_*) from the response
   mask; several options are ANDed. The returned mask then drives advantage, loss and metrics.
 - IS (``rollout_is``) returns detached weights that multiply the policy loss only: per token
-  exp(log_ratio), or per sequence exp(sum_t log_ratio) broadcast to its tokens. A single threshold
+  exp(log_ratio), or per sequence exp(sum_t log_ratio) over the tokens RS kept, broadcast to them. A single threshold
   u truncates above u (TIS); "lo_hi" zeroes weights outside [lo, hi] (IcePop). Optional batch
   normalisation rescales the kept weights to mean 1 (over tokens, or over sequences).
 - bypass_mode uses the rollout log-probs as old_log_prob (see ``bypass_old_log_prob``); IS and RS
