@@ -56,9 +56,12 @@ class WeightSyncBackend(Protocol):
 WEIGHT_SYNC_BACKENDS: Registry[type] = Registry("weight-sync backend")
 
 
+def import_builtin_backends() -> None:
+    """Import the built-in backends so that they register; heavy transports import lazily."""
+    from rl_train.engines.weight_sync import bucketed, delta, naive  # noqa: F401
+
+
 def build_weight_sync_backend(cfg: Any) -> WeightSyncBackend:
     """Instantiate the backend named by ``cfg.backend`` (a ``WeightSyncConfig``)."""
-    # Import the built-in backends so that they register; heavy transports import lazily.
-    from rl_train.engines.weight_sync import naive  # noqa: F401
-
+    import_builtin_backends()
     return WEIGHT_SYNC_BACKENDS.get(cfg.backend)(cfg)

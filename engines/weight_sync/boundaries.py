@@ -126,6 +126,10 @@ def run_sender(
     total = time.perf_counter() - start
     metrics[PREFIX + "transport"] = max(total - metrics[PREFIX + "export"], 0.0)
     metrics["weight_sync/bytes"] = float(timed.num_bytes)
+    metrics["weight_sync/export_bytes"] = float(timed.num_bytes)
+    sync_metrics = getattr(sender, "sync_metrics", None)
+    if callable(sync_metrics):  # streaming senders report what actually went over the wire
+        metrics.update(sync_metrics())
     return payload, metrics
 
 

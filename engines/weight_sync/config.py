@@ -1,8 +1,14 @@
-"""``rollout.weight_sync.*``: which backend moves weights, and its knobs."""
+"""``rollout.weight_sync.*``: which backend moves weights, over which transport, and its knobs.
+
+Availability is checked here, at config load: a transport whose package is missing fails
+with its install hint before any worker starts, never in the middle of a run.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from rl_train.algorithms.config import StrictModel
 
@@ -12,3 +18,31 @@ class WeightSyncConfig(StrictModel):
     """Registered weight-sync backend (rl_train.engines.weight_sync.WEIGHT_SYNC_BACKENDS)."""
     timeout_seconds: float = Field(120.0, gt=0)
     """Longest any blocking wait of a sync may take before it fails naming its boundary."""
+    transport: Literal["shm", "tcp", "torch_dist", "mooncake"] = "shm"
+    """Byte mover under `bucketed` and `delta`: shared memory (one host), TCP, torch.distributed, Mooncake."""
+    bucket_size_bytes: int = Field(64 << 20, ge=4096)
+    """Size of each of the two alternating bucket buffers; memory per side is about twice this."""
+    num_receivers: int = Field(1, ge=1)
+    """Rollout replicas that receive every sync (the flow sets it to the rollout pool size)."""
+    host: str = "127.0.0.1"
+    """Address the sender listens on and receivers dial (the training node's address across hosts)."""
+    delta_entries_per_flush: int = Field(1 << 20, ge=1)
+    """`delta`: changed (index, value) entries per flush; flushes go by count, never by bytes (R-8.3)."""
+
+    @model_validator(mode="after")
+    def _check_available(self) -> WeightSyncConfig:
+        from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, import_builtin_backends
+        from rl_train.engines.weight_sync.transports import check_transport_available
+
+        import_builtin_backends()
+        if self.backend not in WEIGHT_SYNC_BACKENDS:
+            raise ValueError(
+                f"rollout.weight_sync.backend: unknown backend {self.backend!r}; "
+                f"available: {', '.join(WEIGHT_SYNC_BACKENDS.names())}"
+            )
+        if getattr(WEIGHT_SYNC_BACKENDS.get(self.backend), "uses_transport", False):
+            try:
+                check_transport_available(self.transport)
+            except ValueError as exc:
+                raise ValueError(f"rollout.weight_sync.transport: {exc}") from exc
+        return self

@@ -1,0 +1,126 @@
+"""Packing tensors into fixed-size byte buckets and rebuilding them bit for bit (R-8.2).
+
+The sender flattens each tensor to its raw bytes and copies them into one of two
+alternating buffers of ``bucket_size_bytes``; a tensor that does not fit is cut into
+chunks that continue in the next bucket. Each bucket is described by ``ChunkMeta``
+records that travel on the control channel ahead of (or beside) the bytes. Because
+only two buffers exist, memory stays at about two buckets whatever the model size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from rl_train.engines.weight_sync.boundaries import TransportError
+
+
+@dataclass(frozen=True)
+class ChunkMeta:
+    """Where one piece of one tensor sits inside a bucket."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    tensor_nbytes: int
+    chunk_offset: int
+    """Byte offset of this chunk inside the flattened tensor."""
+    buffer_offset: int
+    """Byte offset of this chunk inside the bucket."""
+    nbytes: int
+
+
+def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of ``tensor`` as a flat uint8 view (a copy only when not contiguous)."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise TransportError(f"unknown dtype {name!r} in bucket metadata")
+    return dtype
+
+
+Acquire = Callable[[int], None]
+"""Blocks until buffer ``index`` may be overwritten (its previous bucket was consumed)."""
+Emit = Callable[[int, int, list[ChunkMeta]], None]
+"""Hands a packed bucket on: (buffer index, bytes used, chunk records)."""
+
+
+def pack_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    buffers: list[torch.Tensor],
+    acquire: Acquire,
+    emit: Emit,
+) -> int:
+    """Pack every tensor into the alternating ``buffers``; returns the number of buckets emitted."""
+    size = buffers[0].numel()
+    index, used, num_buckets = 0, 0, 0
+    entries: list[ChunkMeta] = []
+    acquire(index)
+    for name, tensor in named_tensors:
+        data = tensor_bytes(tensor)
+        total, offset = data.numel(), 0
+        while True:
+            if used == size:
+                emit(index, used, entries)
+                num_buckets += 1
+                index, used, entries = 1 - index, 0, []
+                acquire(index)
+            count = min(total - offset, size - used)
+            if count:
+                buffers[index][used : used + count].copy_(data[offset : offset + count])
+            entries.append(
+                ChunkMeta(name, str(tensor.dtype), tuple(tensor.shape), total, offset, used, count)
+            )
+            used += count
+            offset += count
+            if offset >= total:
+                break
+    if entries:
+        emit(index, used, entries)
+        num_buckets += 1
+    return num_buckets
+
+
+class TensorAssembler:
+    """Receiver side: copies chunks out of a bucket into freshly allocated tensors."""
+
+    def __init__(self) -> None:
+        self._pending: tuple[ChunkMeta, torch.Tensor, torch.Tensor] | None = None
+
+    def add_bucket(
+        self, bucket: torch.Tensor, entries: list[ChunkMeta]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield each tensor completed by this bucket; the bucket may be reused afterwards."""
+        for entry in entries:
+            if entry.chunk_offset == 0:
+                self._start(entry)
+            assert self._pending is not None
+            first, tensor, flat = self._pending
+            if first.name != entry.name or entry.chunk_offset + entry.nbytes > first.tensor_nbytes:
+                raise TransportError(f"bucket metadata out of order at tensor {entry.name!r}")
+            if entry.nbytes:
+                end = entry.chunk_offset + entry.nbytes
+                flat[entry.chunk_offset : end].copy_(
+                    bucket[entry.buffer_offset : entry.buffer_offset + entry.nbytes]
+                )
+            if entry.chunk_offset + entry.nbytes == first.tensor_nbytes:
+                self._pending = None
+                yield entry.name, tensor
+
+    def finish(self) -> None:
+        if self._pending is not None:
+            raise TransportError(f"stream ended inside tensor {self._pending[0].name!r}")
+
+    def _start(self, entry: ChunkMeta) -> None:
+        if self._pending is not None:
+            raise TransportError(f"tensor {self._pending[0].name!r} ended early, before {entry.name!r}")
+        tensor = torch.empty(entry.shape, dtype=dtype_from_name(entry.dtype))
+        flat = tensor.reshape(-1).view(torch.uint8)
+        if flat.numel() != entry.tensor_nbytes:
+            raise TransportError(f"tensor {entry.name!r}: metadata says {entry.tensor_nbytes} bytes")
+        self._pending = (entry, tensor, flat)

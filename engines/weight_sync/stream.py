@@ -1,0 +1,194 @@
+"""One bucketed stream of named tensors from a sender to N receivers, over any transport.
+
+Protocol on each receiver's control socket (sender -> receiver unless marked):
+``hello`` (receiver -> sender, once), ``welcome`` (once), then per stream ``begin(header)``,
+``bucket(index, nbytes, chunks)`` per bucket, ``end(num_buckets)``; the receiver answers
+every bucket with ``ack(index)`` once it has copied the bytes out, which frees that buffer.
+A background thread pushes bucket k while the caller packs bucket k+1 into the other
+buffer; before a buffer is reused, the packer waits for every receiver's ack of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import torch
+
+from rl_train.engines.weight_sync import wire
+from rl_train.engines.weight_sync.boundaries import TransportError
+from rl_train.engines.weight_sync.buckets import ChunkMeta, TensorAssembler, pack_buckets
+from rl_train.engines.weight_sync.transports import get_transport
+from rl_train.engines.weight_sync.wire import Deadline
+
+
+class StreamSender:
+    def __init__(self, transport: str, bucket_size_bytes: int, num_receivers: int, host: str) -> None:
+        self._transport = get_transport(transport).Sender(bucket_size_bytes, host)
+        self._server = wire.listen(host)
+        self._num_receivers = num_receivers
+        self._conns: list[socket.socket] = []
+        self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync-push")
+        self._descriptor = {
+            "transport": transport,
+            "host": host,
+            "port": self._server.getsockname()[1],
+            "bucket_size_bytes": bucket_size_bytes,
+            **self._transport.descriptor(),
+        }
+
+    def descriptor(self) -> dict[str, Any]:
+        return dict(self._descriptor)
+
+    def connect(self, deadline: Deadline) -> None:
+        """Accept every receiver (first sync only) and let the transport finish its handshake."""
+        if self._conns:
+            return
+        hellos = []
+        for rank in range(self._num_receivers):
+            waiting = f"waiting for receiver {rank + 1} of {self._num_receivers} to connect"
+            conn = wire.accept(self._server, deadline, waiting)
+            self._conns.append(conn)
+            hellos.append(wire.expect(wire.recv_message(conn, deadline, waiting), "hello", waiting)[0])
+        for conn, welcome in zip(self._conns, self._transport.plan(hellos), strict=True):
+            wire.send_message(conn, ("welcome", welcome), deadline, "sending the welcome")
+        self._transport.attach(self._conns, deadline)
+
+    def broadcast(self, message: Any, deadline: Deadline, waiting_for: str) -> None:
+        for rank, conn in enumerate(self._conns):
+            wire.send_message(conn, message, deadline, f"{waiting_for} (receiver {rank})")
+
+    def gather(self, kind: str, deadline: Deadline, waiting_for: str) -> list[tuple[Any, ...]]:
+        """One ``kind`` message from every receiver; an ``abort`` from one raises with its reason."""
+        replies = []
+        for rank, conn in enumerate(self._conns):
+            what = f"waiting for receiver {rank} {waiting_for}"
+            message = wire.recv_message(conn, deadline, what)
+            if isinstance(message, tuple) and message and message[0] == "abort":
+                raise TransportError(f"receiver {rank} aborted the sync: {message[1]}")
+            replies.append(wire.expect(message, kind, what))
+        return replies
+
+    def send_stream(
+        self, header: dict[str, Any], named_tensors: Iterable[tuple[str, torch.Tensor]], deadline: Deadline
+    ) -> int:
+        """Stream every tensor; returns the bytes packed. Receivers have copied all bytes on return."""
+        self.connect(deadline)
+        self.broadcast(("begin", header), deadline, "announcing a sync")
+        in_flight: dict[int, Future[None]] = {}
+        counter = {"bucket": 0, "bytes": 0}
+
+        def acquire(index: int) -> None:
+            future = in_flight.pop(index, None)
+            if future is None:
+                return
+            self._wait(future, deadline, f"pushing bucket buffer {index}")
+            self.gather(
+                "ack", deadline, f"to release bucket buffer {index} (version {header.get('version')})"
+            )
+
+        def emit(index: int, nbytes: int, chunks: list[ChunkMeta]) -> None:
+            in_flight[index] = self._pusher.submit(
+                self._push, index, nbytes, chunks, counter["bucket"], deadline
+            )
+            counter["bucket"] += 1
+            counter["bytes"] += nbytes
+
+        num_buckets = pack_buckets(named_tensors, self._transport.buffers, acquire, emit)
+        for index in list(in_flight):  # insertion order is emission order, the order of the acks
+            acquire(index)
+        self.broadcast(("end", num_buckets), deadline, "closing a sync")
+        return counter["bytes"]
+
+    def _push(
+        self, index: int, nbytes: int, chunks: list[ChunkMeta], number: int, deadline: Deadline
+    ) -> None:
+        message = ("bucket", index, nbytes, chunks)
+        if self._transport.data_before_meta:
+            self._transport.push(index, nbytes, deadline)
+            self.broadcast(message, deadline, f"announcing bucket {number}")
+        else:
+            self.broadcast(message, deadline, f"announcing bucket {number}")
+            self._transport.push(index, nbytes, deadline)
+
+    @staticmethod
+    def _wait(future: Future[None], deadline: Deadline, waiting_for: str) -> None:
+        try:
+            future.result(timeout=deadline.remaining(waiting_for))
+        except FutureTimeout as exc:
+            raise TransportError(f"timed out after {deadline.timeout_seconds:.1f} s {waiting_for}") from exc
+
+    def close(self) -> None:
+        self._pusher.shutdown(wait=False, cancel_futures=True)
+        for conn in self._conns:
+            conn.close()
+        self._conns = []
+        self._server.close()
+        self._transport.close()
+
+
+class StreamReceiver:
+    """Connects at construction (so the sender can count it) and finishes the handshake lazily."""
+
+    def __init__(self, descriptor: dict[str, Any], connect_timeout_seconds: float) -> None:
+        self._descriptor = descriptor
+        self._transport = get_transport(descriptor["transport"]).Receiver(descriptor)
+        deadline = Deadline(connect_timeout_seconds)
+        where = f"{descriptor['host']}:{descriptor['port']}"
+        self._sock = wire.connect(
+            descriptor["host"], descriptor["port"], deadline, f"to the sender at {where}"
+        )
+        wire.send_message(
+            self._sock, ("hello", self._transport.hello()), deadline, "saying hello to the sender"
+        )
+        self._attached = False
+
+    def send(self, message: Any, deadline: Deadline, waiting_for: str) -> None:
+        wire.send_message(self._sock, message, deadline, waiting_for)
+
+    def recv(self, kind: str, deadline: Deadline, waiting_for: str) -> tuple[Any, ...]:
+        return wire.expect(self.recv_any(deadline, waiting_for), kind, waiting_for)
+
+    def recv_any(self, deadline: Deadline, waiting_for: str) -> Any:
+        return wire.recv_message(self._sock, deadline, waiting_for)
+
+    def begin(self, deadline: Deadline) -> dict[str, Any]:
+        """Wait for the next stream's header (the welcome first, on the first sync)."""
+        if not self._attached:
+            waiting = "waiting for the sender's welcome (the sender has not started its first sync)"
+            (welcome,) = self.recv("welcome", deadline, waiting)
+            self._transport.attach(welcome, self._sock, deadline)
+            self._attached = True
+        (header,) = self.recv("begin", deadline, "waiting for the sender to begin a sync")
+        return header
+
+    def tensors(self, deadline: Deadline) -> Iterator[tuple[str, torch.Tensor]]:
+        """The stream's tensors, each complete and freshly allocated, acked bucket by bucket."""
+        assembler = TensorAssembler()
+        number = 0
+        while True:
+            message = wire.recv_message(self._sock, deadline, f"waiting for bucket {number} from the sender")
+            if isinstance(message, tuple) and message and message[0] == "end":
+                if message[1] != number:
+                    raise TransportError(f"the sender sent {message[1]} buckets, {number} arrived")
+                assembler.finish()
+                return
+            index, nbytes, chunks = wire.expect(message, "bucket", f"waiting for bucket {number}")
+            bucket = self._transport.pull(index, nbytes, deadline)
+            completed = list(assembler.add_bucket(bucket, chunks))
+            self.send(("ack", index), deadline, f"acking bucket {number}")
+            number += 1
+            yield from completed
+
+    def abort(self, reason: str) -> None:
+        """Tell the sender that this receiver gave up, so it fails fast instead of timing out."""
+        with contextlib.suppress(TransportError):
+            wire.send_message(self._sock, ("abort", reason), Deadline(1.0), "reporting an abort")
+
+    def close(self) -> None:
+        self._sock.close()
+        self._transport.close()

@@ -1,0 +1,88 @@
+"""The transport interface: move one of two bucket buffers from the sender to every receiver.
+
+The stream (``stream.py``) owns the control channel, the packing and the acks; a transport
+only moves bytes. ``data_before_meta`` says in which order a bucket goes out: memory
+transports (shared memory, Mooncake writes into the receiver's registered buffers) place
+the bytes first and then announce them; stream transports (a socket, a collective) announce
+first so the receiver knows how many bytes to read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import socket
+from typing import Any, Protocol
+
+import torch
+
+from rl_train.engines.weight_sync.wire import Deadline
+from rl_train.registry import Registry
+
+
+class SenderTransport(Protocol):
+    data_before_meta: bool
+    buffers: list[torch.Tensor]
+    """Two uint8 buffers of ``bucket_size_bytes`` that the packer fills in turn."""
+
+    def descriptor(self) -> dict[str, Any]: ...
+
+    def plan(self, hellos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Given each receiver's hello, the welcome each one gets (ranks, addresses)."""
+        ...
+
+    def attach(self, conns: list[socket.socket], deadline: Deadline) -> None:
+        """Finish connecting once every receiver got its welcome."""
+        ...
+
+    def push(self, index: int, nbytes: int, deadline: Deadline) -> None:
+        """Deliver ``buffers[index][:nbytes]`` to every receiver."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ReceiverTransport(Protocol):
+    def hello(self) -> dict[str, Any]: ...
+
+    def attach(self, welcome: dict[str, Any], sock: socket.socket, deadline: Deadline) -> None: ...
+
+    def pull(self, index: int, nbytes: int, deadline: Deadline) -> torch.Tensor:
+        """The bytes of bucket buffer ``index``, valid until the bucket is acked."""
+        ...
+
+    def close(self) -> None: ...
+
+
+TRANSPORTS: Registry[tuple[str, str]] = Registry("weight-sync transport")
+"""Name -> (module path, install hint); modules are imported only when the transport is used."""
+
+_PACKAGE = "rl_train.engines.weight_sync.transports."
+TRANSPORTS.register("shm")((_PACKAGE + "shm", ""))
+TRANSPORTS.register("tcp")((_PACKAGE + "tcp", ""))
+TRANSPORTS.register("torch_dist")(
+    (_PACKAGE + "torch_dist", "a torch build with torch.distributed (gloo on CPU, NCCL on GPU)")
+)
+TRANSPORTS.register("mooncake")(
+    (
+        _PACKAGE + "mooncake",
+        "pip install 'rl-train[mooncake-cpu]' (mooncake-transfer-engine-non-cuda) and "
+        "apt-get install -y libibverbs1 on CPU hosts; pip install 'rl-train[mooncake-cuda]' on GPU hosts",
+    )
+)
+
+
+def get_transport(name: str) -> Any:
+    """The transport module: it defines ``Sender(cfg)``, ``Receiver(descriptor)`` and ``available()``."""
+    module_path, _ = TRANSPORTS.get(name)
+    return importlib.import_module(module_path)
+
+
+def check_transport_available(name: str) -> None:
+    """Raise ``ValueError`` with the install hint when ``name`` cannot run on this machine."""
+    module_path, hint = TRANSPORTS.get(name)
+    try:
+        problem = importlib.import_module(module_path).available()
+    except ImportError as exc:
+        problem = str(exc)
+    if problem:
+        raise ValueError(f"weight-sync transport {name!r} is unavailable here ({problem}); install: {hint}")

@@ -1,0 +1,95 @@
+"""``shm``: the two bucket buffers live in POSIX shared memory that every receiver maps.
+
+The sender packs straight into shared memory, so moving a bucket costs nothing but the
+announcement; each receiver copies its tensors out and acks, which frees the buffer.
+One host only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import uuid
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import torch
+
+from rl_train.engines.weight_sync.boundaries import TransportError
+from rl_train.engines.weight_sync.wire import Deadline
+
+
+def available() -> str:
+    return ""
+
+
+def _map(segment: shared_memory.SharedMemory, size: int) -> torch.Tensor:
+    return torch.frombuffer(segment.buf, dtype=torch.uint8, count=size)
+
+
+def _release(segments: list[shared_memory.SharedMemory], views: list[torch.Tensor], unlink: bool) -> None:
+    views.clear()  # the tensors export the mapping; they must go before close()
+    for segment in segments:
+        # BufferError: a caller still holds a view; the mapping then goes with the process.
+        with contextlib.suppress(BufferError):
+            segment.close()
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                segment.unlink()
+    segments.clear()
+
+
+class Sender:
+    data_before_meta = True
+
+    def __init__(self, bucket_size_bytes: int, host: str) -> None:
+        prefix = f"rlw_{uuid.uuid4().hex[:12]}"
+        self._segments = [
+            shared_memory.SharedMemory(name=f"{prefix}_{i}", create=True, size=bucket_size_bytes)
+            for i in range(2)
+        ]
+        self._size = bucket_size_bytes
+        self.buffers = [_map(segment, bucket_size_bytes) for segment in self._segments]
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"names": [segment.name for segment in self._segments], "size": self._size}
+
+    def plan(self, hellos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{} for _ in hellos]
+
+    def attach(self, conns: list[socket.socket], deadline: Deadline) -> None:
+        return None
+
+    def push(self, index: int, nbytes: int, deadline: Deadline) -> None:
+        return None  # already in place
+
+    def close(self) -> None:
+        _release(self._segments, self.buffers, unlink=True)
+
+
+class Receiver:
+    def __init__(self, descriptor: dict[str, Any]) -> None:
+        self._segments: list[shared_memory.SharedMemory] = []
+        try:
+            for name in descriptor["names"]:
+                segment = shared_memory.SharedMemory(name=name)
+                # Attaching registers the segment for unlinking at our exit; only its creator may unlink.
+                resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+                self._segments.append(segment)
+        except FileNotFoundError as exc:
+            raise TransportError(
+                f"shared memory of the sender is gone ({exc}); is the sender alive?"
+            ) from exc
+        self._views = [_map(segment, descriptor["size"]) for segment in self._segments]
+
+    def hello(self) -> dict[str, Any]:
+        return {}
+
+    def attach(self, welcome: dict[str, Any], sock: socket.socket, deadline: Deadline) -> None:
+        return None
+
+    def pull(self, index: int, nbytes: int, deadline: Deadline) -> torch.Tensor:
+        return self._views[index][:nbytes]
+
+    def close(self) -> None:
+        _release(self._segments, self._views, unlink=False)
