@@ -8,9 +8,11 @@ One host only.
 from __future__ import annotations
 
 import contextlib
+import mmap
+import os
 import socket
 import uuid
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from typing import Any
 
 import torch
@@ -68,19 +70,30 @@ class Sender:
 
 
 class Receiver:
+    """Maps the sender's segments without registering them with a resource tracker.
+
+    ``SharedMemory(name)`` would register an attached segment for cleanup, and a process
+    spawned by the sender shares its tracker, so the two would unlink or unregister the same
+    name twice. Only the creator owns the segment; receivers map and unmap.
+    """
+
     def __init__(self, descriptor: dict[str, Any]) -> None:
-        self._segments: list[shared_memory.SharedMemory] = []
-        try:
-            for name in descriptor["names"]:
-                segment = shared_memory.SharedMemory(name=name)
-                # Attaching registers the segment for unlinking at our exit; only its creator may unlink.
-                resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-                self._segments.append(segment)
-        except FileNotFoundError as exc:
-            raise TransportError(
-                f"shared memory of the sender is gone ({exc}); is the sender alive?"
-            ) from exc
-        self._views = [_map(segment, descriptor["size"]) for segment in self._segments]
+        import _posixshmem
+
+        self._maps: list[mmap.mmap] = []
+        size = descriptor["size"]
+        for name in descriptor["names"]:
+            try:
+                fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+            except FileNotFoundError as exc:
+                raise TransportError(
+                    f"shared memory {name!r} of the sender is gone; is the sender alive?"
+                ) from exc
+            try:
+                self._maps.append(mmap.mmap(fd, size))
+            finally:
+                os.close(fd)
+        self._views = [torch.frombuffer(mapping, dtype=torch.uint8, count=size) for mapping in self._maps]
 
     def hello(self) -> dict[str, Any]:
         return {}
@@ -92,4 +105,8 @@ class Receiver:
         return self._views[index][:nbytes]
 
     def close(self) -> None:
-        _release(self._segments, self._views, unlink=False)
+        self._views.clear()
+        for mapping in self._maps:
+            with contextlib.suppress(BufferError):
+                mapping.close()
+        self._maps.clear()

@@ -79,7 +79,14 @@ class Sender:
 
     def attach(self, conns: list[socket.socket], deadline: Deadline) -> None:
         seconds = deadline.remaining("waiting for the receivers to join the process group")
-        self._group = _group(self._store, 0, self._world_size, seconds)
+        self._store.set_timeout(datetime.timedelta(seconds=seconds))
+        try:
+            self._group = _group(self._store, 0, self._world_size, seconds)
+        except RuntimeError as exc:  # DistStoreError on timeout: a receiver never joined
+            raise TransportError(
+                f"timed out after {seconds:.1f} s waiting for {self._world_size - 1} receiver(s) "
+                f"to join the torch.distributed process group: {exc}"
+            ) from exc
 
     def push(self, index: int, nbytes: int, deadline: Deadline) -> None:
         _broadcast(
@@ -107,7 +114,12 @@ class Receiver:
         store = TCPStore(
             self._descriptor["store_host"], self._descriptor["store_port"], is_master=False, timeout=timeout
         )
-        self._group = _group(store, welcome["rank"], welcome["world_size"], seconds)
+        try:
+            self._group = _group(store, welcome["rank"], welcome["world_size"], seconds)
+        except RuntimeError as exc:
+            raise TransportError(
+                f"could not join the sender's torch.distributed process group: {exc}"
+            ) from exc
 
     def pull(self, index: int, nbytes: int, deadline: Deadline) -> torch.Tensor:
         if self._buffer is None or self._buffer.numel() < nbytes:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from conftest import assert_same_weights, make_weights, runnable_pairs
+from weight_sync_helpers import assert_same_weights, make_weights, runnable_pairs
 from weight_sync_pair import SyncPair
 
 from rl_train.engines.weight_sync.delta import DeltaSender

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from conftest import BUCKET_SIZE_BYTES
+from weight_sync_helpers import BUCKET_SIZE_BYTES
 from weight_sync_peers import Peer, pack_tensors, unpack_tensors
 
 from rl_train.engines.weight_sync.base import WeightSender, build_weight_sync_backend

@@ -1,0 +1,80 @@
+"""Bucket layout, delta flushes and config checks, in one process, against hand-computed values."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from rl_train.engines.weight_sync.buckets import ChunkMeta, TensorAssembler, pack_buckets
+from rl_train.engines.weight_sync.config import WeightSyncConfig
+from rl_train.engines.weight_sync.delta_codec import (
+    decode_flushes,
+    diff_into_snapshot,
+    encode_flushes,
+    verify_flushes,
+)
+
+
+def test_bucket_layout_chunks_a_tensor_across_buckets() -> None:
+    # 16-byte buckets: a = 3 x fp32 = 12 bytes fills [0, 12) of bucket 0; b = 4 x int16 = 8 bytes
+    # gets its first 4 bytes at [12, 16) of bucket 0 and its last 4 at [0, 4) of bucket 1.
+    a = torch.tensor([1.0, -0.0, float("nan")])
+    b = torch.tensor([1, -2, 3, -4], dtype=torch.int16)
+    buffers = [torch.zeros(16, dtype=torch.uint8) for _ in range(2)]
+    emitted: list[tuple[int, int, list[ChunkMeta]]] = []
+    assembler, rebuilt = TensorAssembler(), {}
+
+    def emit(index: int, nbytes: int, chunks: list[ChunkMeta]) -> None:
+        emitted.append((index, nbytes, chunks))
+        rebuilt.update(assembler.add_bucket(buffers[index][:nbytes].clone(), chunks))
+
+    assert pack_buckets([("a", a), ("b", b)], buffers, lambda index: None, emit) == 2
+    assert [(index, nbytes) for index, nbytes, _ in emitted] == [(0, 16), (1, 4)]
+    assert emitted[0][2] == [
+        ChunkMeta("a", "torch.float32", (3,), 12, 0, 0, 12),
+        ChunkMeta("b", "torch.int16", (4,), 8, 0, 12, 4),
+    ]
+    assert emitted[1][2] == [ChunkMeta("b", "torch.int16", (4,), 8, 4, 0, 4)]
+    assert torch.equal(rebuilt["a"].view(torch.int32), a.view(torch.int32))  # NaN and -0.0 bits kept
+    assert torch.equal(rebuilt["b"], b)
+
+
+def test_flushes_are_cut_by_entry_count_whatever_the_dtype() -> None:
+    # 7 fp32 changes then 4 int8 changes, 5 entries per flush: flushes of 5, 5 and 1 entries.
+    changes = [
+        ("w", torch.arange(7, dtype=torch.int32), torch.ones(7)),
+        ("q", torch.arange(4, dtype=torch.int32), torch.ones(4, dtype=torch.int8)),
+    ]
+    flushes = decode_flushes(encode_flushes(changes, entries_per_flush=5))
+    assert [flush.num_entries for flush in flushes] == [5, 5, 1]
+    assert [[name for name, _, _ in flush.segments] for flush in flushes] == [["w"], ["w", "q"], ["q"]]
+    mirror = {"w": torch.zeros(7), "q": torch.zeros(4, dtype=torch.int8)}
+    assert verify_flushes(flushes, mirror) is None
+    flushes[1].segments[1][2][0] = 9  # one value changed after its checksum was taken
+    assert verify_flushes(flushes, mirror) == "checksum mismatch in flush 1"
+
+
+def test_diff_compares_bits_and_updates_the_snapshot() -> None:
+    snapshot = torch.tensor([0.0, 1.0, float("nan"), 2.0])
+    current = torch.tensor([-0.0, 1.0, float("nan"), 3.0])
+    index, values = diff_into_snapshot(current, snapshot)
+    assert index.tolist() == [0, 3]  # -0.0 differs from 0.0 in its bits; NaN equals itself bitwise
+    assert values.tolist() == [-0.0, 3.0]
+    assert torch.equal(snapshot.view(torch.int32), current.view(torch.int32))
+
+
+def test_unavailable_transport_fails_at_config_time_with_the_install_hint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # as if the wheel were not installed
+    with pytest.raises(ValidationError, match=r"transport.*mooncake-transfer-engine-non-cuda.*libibverbs1"):
+        WeightSyncConfig(backend="bucketed", transport="mooncake")
+    WeightSyncConfig(backend="naive", transport="mooncake")  # naive moves nothing over a transport
+
+
+def test_unknown_backend_lists_the_registered_ones() -> None:
+    with pytest.raises(ValidationError, match=r"available: bucketed, delta, naive"):
+        WeightSyncConfig(backend="rdma-magic")

@@ -1,0 +1,74 @@
+"""A dead or silent peer fails with a timeout/connection error that names the boundary and the wait."""
+
+from __future__ import annotations
+
+import pytest
+from weight_sync_helpers import available_transports, make_weights
+from weight_sync_pair import SyncPair
+from weight_sync_peers import Peer
+
+from rl_train.engines.weight_sync.boundaries import TransportError, run_sender
+
+TRANSPORT_NAMES = available_transports()
+
+
+@pytest.fixture(scope="module")
+def dead_receivers() -> dict[str, SyncPair]:
+    """A receiver per transport, connected to its sender, in a process that is then killed."""
+    victim = Peer()
+    weights = make_weights(0)
+    pairs = {
+        name: SyncPair(victim, "bucketed", name, weights, timeout_seconds=3.0) for name in TRANSPORT_NAMES
+    }
+    victim.process.kill()
+    victim.process.join(5)
+    yield pairs
+    for pair in pairs.values():
+        pair.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORT_NAMES)
+def test_dead_receiver_fails_the_sender_at_transport(
+    dead_receivers: dict[str, SyncPair], transport: str
+) -> None:
+    pair = dead_receivers[transport]
+    weights = make_weights(0)
+    with pytest.raises(TransportError) as failure:
+        run_sender(pair.sender, lambda: iter(weights.items()), 1)
+    message = str(failure.value)
+    assert "boundary 'transport'" in message
+    assert "receiver" in message or "peer" in message or "process group" in message, message
+
+
+def test_sender_that_never_starts_times_out_the_receiver(peer: Peer) -> None:
+    pair = SyncPair(peer, "bucketed", "tcp", make_weights(0), timeout_seconds=1.0)
+    try:
+        reply = peer.call("sync", pair.key, 1, None, 1.0)
+        assert reply[:2] == ("error", "TransportError"), reply
+        assert "boundary 'transport'" in reply[2]
+        assert "timed out after 1.0 s waiting for the sender's welcome" in reply[2]
+    finally:
+        pair.close()
+
+
+def test_sender_that_died_fails_the_receiver_naming_the_wait(peer: Peer) -> None:
+    pair = SyncPair(peer, "bucketed", "shm", make_weights(0), timeout_seconds=5.0)
+    pair.sender.close()
+    reply = peer.call("sync", pair.key, 1, None, 5.0)
+    assert reply[:2] == ("error", "TransportError"), reply
+    assert "waiting for the sender's welcome" in reply[2]
+
+
+def test_sender_without_receivers_times_out_naming_them() -> None:
+    from rl_train.engines.weight_sync.base import build_weight_sync_backend
+    from rl_train.engines.weight_sync.config import WeightSyncConfig
+
+    cfg = WeightSyncConfig(backend="bucketed", transport="tcp", num_receivers=2, timeout_seconds=0.5)
+    sender = build_weight_sync_backend(cfg).build_sender()
+    try:
+        with pytest.raises(
+            TransportError, match=r"timed out after 0.5 s waiting for receiver 1 of 2 to connect"
+        ):
+            run_sender(sender, lambda: iter(make_weights(0).items()), 1)
+    finally:
+        sender.close()
