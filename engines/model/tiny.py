@@ -73,7 +73,7 @@ def pretrain_format(model: PreTrainedModel, tokenizer, steps: int, seed: int, ba
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        loss_value = float(loss)
+        loss_value = float(loss.detach())
     model.eval()
     return loss_value
 

@@ -117,8 +117,11 @@ class TorchRolloutEngine:
         with self._lock:
             if self._offloaded is not None:
                 return
-            self._offloaded = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            for param in self.model.parameters():
+            # On a GPU this is where device memory is given back; tied weights share one
+            # Parameter, so named_parameters() (which de-duplicates) visits each storage once.
+            self._offloaded = {}
+            for name, param in self.model.named_parameters():
+                self._offloaded[name] = param.data
                 param.data = torch.empty(0, dtype=param.dtype)
 
     def wake_up(self) -> None:
@@ -126,8 +129,8 @@ class TorchRolloutEngine:
             if self._offloaded is None:
                 return
             state, self._offloaded = self._offloaded, None
-            self.model.load_state_dict(state, assign=True)
-            self.model.tie_weights()
+            for name, param in self.model.named_parameters():
+                param.data = state[name]
 
     def release_kv_cache(self) -> None:
         """Keep weights, drop cache memory (the built-in engine keeps no cache between calls)."""
@@ -145,7 +148,8 @@ class TorchRolloutEngine:
         if self._offloaded is not None:
             target = self._offloaded
             for name, tensor in named_tensors:
-                target[name] = tensor.detach().clone()
+                if name in target:  # tied aliases (lm_head.weight) are not separate storages
+                    target[name].copy_(tensor)
         else:
             # keep_vars: tied weights appear under every name they are known by
             targets = self.model.state_dict(keep_vars=True)

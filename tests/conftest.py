@@ -1,0 +1,59 @@
+"""Shared fixtures: a small HF-format policy on disk, a local Ray, Prefect's test harness."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in policy with a short format pretraining (enough to emit EOS)."""
+    from rl_train.engines.model.tiny import create_tiny_policy
+
+    return create_tiny_policy(tmp_path_factory.mktemp("model") / "tiny", seed=0, pretrain_steps=60)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the session, in a private temp dir; stopped by this process only."""
+    import ray
+
+    temp_dir = tempfile.mkdtemp(prefix="rlt-ray-", dir="/tmp")
+    os.environ["RL_TRAIN_RAY_TMPDIR"] = temp_dir
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A throwaway Prefect API backed by a temporary SQLite database."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -1,0 +1,80 @@
+"""The run config: dotted-path errors, overrides, registered names, docs on every field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rl_train.config import Config, ConfigError, describe_fields, load_config
+from rl_train.flows.registry import TRAINERS, register_trainer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_demo_config_loads_and_overrides_apply() -> None:
+    cfg = load_config(REPO / "configs" / "arith-tiny.yaml", ["trainer.total_steps=50", "actor.lr=3e-4", "run.name=x"])
+    assert cfg.trainer.total_steps == 50
+    assert cfg.actor.lr == pytest.approx(3e-4)
+    assert cfg.run.name == "x"
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer.total_steps=abc", "trainer.total_steps: got 'abc'"),
+        ("rollout.n=0", "rollout.n: got 0"),
+        ("actor.lr_schedule=zigzag", "actor.lr_schedule: got 'zigzag'"),
+        ("actor.nonsense=1", "actor.nonsense: unknown key"),
+        ("trainer.mode=turbo", "trainer.mode: got 'turbo': unknown name; available: sync"),
+        ("algorithm.adv_estimator=nope", "algorithm.adv_estimator"),
+        ("rollout.weight_sync.backend=pigeon", "rollout.weight_sync.backend"),
+    ],
+)
+def test_errors_name_the_dotted_path_and_value(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert expected in str(info.value)
+
+
+def test_unknown_key_lists_the_allowed_ones() -> None:
+    with pytest.raises(ConfigError, match=r"allowed keys here: .*total_steps"):
+        load_config(None, ["trainer.total_stepz=3"])
+
+
+def test_contradictions_fail_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match=r"trainer.train_batch_size \(10\) must be divisible by trainer.parameter_sync_step \(4\)"):
+        load_config(None, ["trainer.train_batch_size=10", "trainer.parameter_sync_step=4"])
+    with pytest.raises(ConfigError, match="actor.kl_loss_coef"):
+        load_config(None, ["actor.kl_loss=true"])
+
+
+def test_bad_files_and_overrides(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="dotted.path=value"):
+        load_config(None, ["trainer.total_steps"])
+
+
+def test_every_field_has_a_docstring() -> None:
+    missing = [path for path, _, doc in describe_fields() if not doc]
+    assert not missing, f"fields without a docstring: {missing}"
+
+
+def test_lr_horizon_counts_local_updates() -> None:
+    cfg = Config.model_validate({"trainer": {"total_steps": 10, "parameter_sync_step": 4, "train_batch_size": 8}})
+    assert cfg.optimizer_horizon_steps == 40
+
+
+def test_trainer_registry_rejects_a_second_class_under_one_name() -> None:
+    assert "sync" in TRAINERS
+
+    with pytest.raises(ValueError, match="already registered"):
+
+        @register_trainer("sync")
+        class Impostor:  # noqa: F841
+            pass
