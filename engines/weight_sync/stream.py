@@ -69,6 +69,7 @@ class StreamSender:
             what = f"waiting for receiver {rank} {waiting_for}"
             message = wire.recv_message(conn, deadline, what)
             if isinstance(message, tuple) and message and message[0] == "abort":
+                self._sender_aborted = True
                 raise TransportError(f"receiver {rank} aborted the sync: {message[1]}")
             replies.append(wire.expect(message, kind, what))
         return replies
@@ -98,9 +99,13 @@ class StreamSender:
             counter["bucket"] += 1
             counter["bytes"] += nbytes
 
-        num_buckets = pack_buckets(named_tensors, self._transport.buffers, acquire, emit)
-        for index in list(in_flight):  # insertion order is emission order, the order of the acks
-            acquire(index)
+        try:
+            num_buckets = pack_buckets(named_tensors, self._transport.buffers, acquire, emit)
+            for index in list(in_flight):  # insertion order is emission order, the order of the acks
+                acquire(index)
+        except BaseException as exc:
+            self._abort(in_flight, f"{type(exc).__name__}: {exc}")
+            raise
         self.broadcast(("end", num_buckets), deadline, "closing a sync")
         return counter["bytes"]
 
@@ -114,6 +119,21 @@ class StreamSender:
         else:
             self.broadcast(message, deadline, f"announcing bucket {number}")
             self._transport.push(index, nbytes, deadline)
+
+    def _abort(self, in_flight: dict[int, Future[None]], reason: str) -> None:
+        """Best effort: tell the receivers this stream is dead, so they fail now rather than time out."""
+        for future in in_flight.values():
+            future.cancel()
+        deadline = Deadline(2.0)
+        pushed = []
+        for index, future in in_flight.items():
+            with contextlib.suppress(Exception):
+                future.result(timeout=deadline.remaining("finishing in-flight pushes before an abort"))
+                pushed.append(index)
+        with contextlib.suppress(Exception):
+            self.broadcast(("abort", reason), deadline, "reporting an abort")
+            for index in pushed:  # drain their acks so the next sync starts in step
+                self.gather("ack", deadline, f"to release bucket buffer {index} after an abort")
 
     @staticmethod
     def _wait(future: Future[None], deadline: Deadline, waiting_for: str) -> None:
@@ -146,6 +166,7 @@ class StreamReceiver:
             self._sock, ("hello", self._transport.hello()), deadline, "saying hello to the sender"
         )
         self._attached = False
+        self._sender_aborted = False
 
     def send(self, message: Any, deadline: Deadline, waiting_for: str) -> None:
         wire.send_message(self._sock, message, deadline, waiting_for)
@@ -164,6 +185,7 @@ class StreamReceiver:
             self._transport.attach(welcome, self._sock, deadline)
             self._attached = True
         (header,) = self.recv("begin", deadline, "waiting for the sender to begin a sync")
+        self._sender_aborted = False
         return header
 
     def tensors(self, deadline: Deadline) -> Iterator[tuple[str, torch.Tensor]]:
@@ -172,6 +194,9 @@ class StreamReceiver:
         number = 0
         while True:
             message = wire.recv_message(self._sock, deadline, f"waiting for bucket {number} from the sender")
+            if isinstance(message, tuple) and message and message[0] == "abort":
+                self._sender_aborted = True
+                raise TransportError(f"the sender aborted the sync at bucket {number}: {message[1]}")
             if isinstance(message, tuple) and message and message[0] == "end":
                 if message[1] != number:
                     raise TransportError(f"the sender sent {message[1]} buckets, {number} arrived")
@@ -186,6 +211,8 @@ class StreamReceiver:
 
     def abort(self, reason: str) -> None:
         """Tell the sender that this receiver gave up, so it fails fast instead of timing out."""
+        if self._sender_aborted:
+            return  # the sender gave up first and expects nothing more of this stream
         with contextlib.suppress(TransportError):
             wire.send_message(self._sock, ("abort", reason), Deadline(1.0), "reporting an abort")
 

@@ -7,7 +7,7 @@ from weight_sync_helpers import available_transports, make_weights
 from weight_sync_pair import SyncPair
 from weight_sync_peers import Peer
 
-from rl_train.engines.weight_sync.boundaries import TransportError, run_sender
+from rl_train.engines.weight_sync.boundaries import ExportError, TransportError, run_sender
 
 TRANSPORT_NAMES = available_transports()
 
@@ -72,3 +72,26 @@ def test_sender_without_receivers_times_out_naming_them() -> None:
             run_sender(sender, lambda: iter(make_weights(0).items()), 1)
     finally:
         sender.close()
+
+
+def test_export_failure_mid_stream_aborts_the_receiver_at_once(peer: Peer) -> None:
+    weights = make_weights(0)
+    pair = SyncPair(peer, "bucketed", "tcp", weights, timeout_seconds=10.0)
+
+    def export():
+        for number, item in enumerate(weights.items()):
+            if number == 5:  # after the embedding went out in several buckets
+                raise OSError("checkpoint shard unreadable")
+            yield item
+
+    try:
+        peer.request("sync", pair.key, 1, None, 10.0)
+        with pytest.raises(ExportError, match="checkpoint shard unreadable"):
+            run_sender(pair.sender, export, 1)
+        reply = peer.reply(5.0)
+        assert reply[:2] == ("error", "TransportError"), reply
+        assert "the sender aborted the sync" in reply[2] and "checkpoint shard unreadable" in reply[2]
+        metrics, reply = pair.sync(weights, 2)  # both ends are back in step
+        assert reply[0] == "ok" and reply[3] == 2, reply
+    finally:
+        pair.close()
