@@ -36,7 +36,12 @@ class WeightSender(Protocol):
 @runtime_checkable
 class WeightReceiver(Protocol):
     def receive(self, payload: Any, timeout_seconds: float) -> tuple[NamedTensors, int]:
-        """Yield the received (name, tensor) pairs and the version they carry."""
+        """The received (name, tensor) pairs and the version they carry.
+
+        Streaming receivers lend each tensor until the next one is requested (it may be a
+        view of a bucket buffer): the engine copies it into its own weights as it iterates,
+        which is what ``update_weights`` does, and must not keep it.
+        """
         ...
 
     def close(self) -> None: ...

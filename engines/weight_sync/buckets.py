@@ -1,8 +1,10 @@
 """Packing tensors into fixed-size byte buckets and rebuilding them bit for bit (R-8.2).
 
 The sender flattens each tensor to its raw bytes and copies them into one of two
-alternating buffers of ``bucket_size_bytes``; a tensor that does not fit is cut into
-chunks that continue in the next bucket. Each bucket is described by ``ChunkMeta``
+alternating buffers of ``bucket_size_bytes``; a tensor that fits a bucket is never cut (it
+starts a fresh bucket if need be), a larger one is cut into chunks that continue in the
+next buckets. A receiver hands whole tensors to the engine as views of the bucket, with no
+copy of its own, and assembles only the chunked ones. Each bucket is described by ``ChunkMeta``
 records that travel on the control channel ahead of (or beside) the bytes. Because
 only two buffers exist, memory stays at about two buckets whatever the model size.
 """
@@ -44,6 +46,9 @@ def dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
+ALIGN_BYTES = 64
+"""Each tensor starts at a multiple of this inside a bucket, so a receiver can view it in place."""
+
 Acquire = Callable[[int], None]
 """Blocks until buffer ``index`` may be overwritten (its previous bucket was consumed)."""
 Emit = Callable[[int, int, list[ChunkMeta]], None]
@@ -58,17 +63,20 @@ def pack_buckets(
 ) -> int:
     """Pack every tensor into the alternating ``buffers``; returns the number of buckets emitted."""
     size = buffers[0].numel()
-    index, used, num_buckets = 0, 0, 0
+    index, used, end, num_buckets = 0, 0, 0, 0  # end: last data byte, before any alignment padding
     entries: list[ChunkMeta] = []
     acquire(index)
     for name, tensor in named_tensors:
         data = tensor_bytes(tensor)
         total, offset = data.numel(), 0
+        used = min(-(-used // ALIGN_BYTES) * ALIGN_BYTES, size)
+        if total <= size and total > size - used:
+            used = size  # start a fresh bucket: a tensor that fits one is never cut
         while True:
             if used == size:
-                emit(index, used, entries)
+                emit(index, end, entries)
                 num_buckets += 1
-                index, used, entries = 1 - index, 0, []
+                index, used, end, entries = 1 - index, 0, 0, []
                 acquire(index)
             count = min(total - offset, size - used)
             if count:
@@ -77,17 +85,18 @@ def pack_buckets(
                 ChunkMeta(name, str(tensor.dtype), tuple(tensor.shape), total, offset, used, count)
             )
             used += count
+            end = used
             offset += count
             if offset >= total:
                 break
     if entries:
-        emit(index, used, entries)
+        emit(index, end, entries)
         num_buckets += 1
     return num_buckets
 
 
 class TensorAssembler:
-    """Receiver side: copies chunks out of a bucket into freshly allocated tensors."""
+    """Receiver side: whole tensors as views of the bucket, chunked ones assembled into new tensors."""
 
     def __init__(self) -> None:
         self._pending: tuple[ChunkMeta, torch.Tensor, torch.Tensor] | None = None
@@ -95,19 +104,23 @@ class TensorAssembler:
     def add_bucket(
         self, bucket: torch.Tensor, entries: list[ChunkMeta]
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield each tensor completed by this bucket; the bucket may be reused afterwards."""
+        """Yield each tensor completed by this bucket.
+
+        A tensor that lies whole in the bucket is a view of it: valid until the caller asks
+        for the item after the bucket's last one (the bucket is then released for reuse).
+        """
         for entry in entries:
+            data = bucket[entry.buffer_offset : entry.buffer_offset + entry.nbytes]
+            if entry.chunk_offset == 0 and entry.nbytes == entry.tensor_nbytes and self._pending is None:
+                yield entry.name, data.view(dtype_from_name(entry.dtype)).reshape(entry.shape)
+                continue
             if entry.chunk_offset == 0:
                 self._start(entry)
             assert self._pending is not None
             first, tensor, flat = self._pending
             if first.name != entry.name or entry.chunk_offset + entry.nbytes > first.tensor_nbytes:
                 raise TransportError(f"bucket metadata out of order at tensor {entry.name!r}")
-            if entry.nbytes:
-                end = entry.chunk_offset + entry.nbytes
-                flat[entry.chunk_offset : end].copy_(
-                    bucket[entry.buffer_offset : entry.buffer_offset + entry.nbytes]
-                )
+            flat[entry.chunk_offset : entry.chunk_offset + entry.nbytes].copy_(data)
             if entry.chunk_offset + entry.nbytes == first.tensor_nbytes:
                 self._pending = None
                 yield entry.name, tensor

@@ -151,8 +151,9 @@ class DeltaReceiver:
 
     def _record(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in tensors:
-            self._mirror[name] = tensor
-            yield name, tensor
+            owned = tensor.clone()  # the stream lends views of its buckets; the mirror keeps a copy
+            self._mirror[name] = owned
+            yield name, owned
 
     def close(self) -> None:
         self._stream.close()

@@ -93,10 +93,10 @@ def decode_flushes(items: Iterable[tuple[str, torch.Tensor]]) -> list[Flush]:
             continue
         name, part = rest.rsplit("/", 1)
         if part == "index":
-            pending_index = tensor
+            pending_index = tensor.clone()  # stream items are views of a bucket that gets reused
         else:
             assert pending_index is not None, f"values of {name!r} arrived without positions"
-            flush.segments.append((name, pending_index, tensor))
+            flush.segments.append((name, pending_index, tensor.clone()))
             pending_index = None
     return [flushes[number] for number in sorted(flushes)]
 

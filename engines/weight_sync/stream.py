@@ -189,7 +189,11 @@ class StreamReceiver:
         return header
 
     def tensors(self, deadline: Deadline) -> Iterator[tuple[str, torch.Tensor]]:
-        """The stream's tensors, each complete and freshly allocated, acked bucket by bucket."""
+        """The stream's tensors, acked bucket by bucket.
+
+        Each tensor is valid until the next one is requested (whole tensors are views of the
+        bucket buffer, which the sender refills after the ack): consume, or copy, as you go.
+        """
         assembler = TensorAssembler()
         number = 0
         while True:
@@ -204,10 +208,9 @@ class StreamReceiver:
                 return
             index, nbytes, chunks = wire.expect(message, "bucket", f"waiting for bucket {number}")
             bucket = self._transport.pull(index, nbytes, deadline)
-            completed = list(assembler.add_bucket(bucket, chunks))
+            yield from assembler.add_bucket(bucket, chunks)  # views: consumed before the ack
             self.send(("ack", index), deadline, f"acking bucket {number}")
             number += 1
-            yield from completed
 
     def abort(self, reason: str) -> None:
         """Tell the sender that this receiver gave up, so it fails fast instead of timing out."""

@@ -18,28 +18,35 @@ from rl_train.engines.weight_sync.delta_codec import (
 )
 
 
-def test_bucket_layout_chunks_a_tensor_across_buckets() -> None:
-    # 16-byte buckets: a = 3 x fp32 = 12 bytes fills [0, 12) of bucket 0; b = 4 x int16 = 8 bytes
-    # gets its first 4 bytes at [12, 16) of bucket 0 and its last 4 at [0, 4) of bucket 1.
+def test_bucket_layout_keeps_small_tensors_whole_and_chunks_big_ones() -> None:
+    # 16-byte buckets. a = 3 x fp32 = 12 bytes at [0, 12) of bucket 0. b = 4 x int16 = 8 bytes
+    # would fit a bucket but not the 4 bytes left, so it starts bucket 1 whole at [0, 8). The
+    # next start aligns to 64 bytes, past the end, so c = 10 x int32 = 40 bytes, bigger than a
+    # bucket, is cut 16 + 16 + 8 over buckets 2, 3 and 4 (buffers alternate 0, 1, 0, 1, 0).
     a = torch.tensor([1.0, -0.0, float("nan")])
     b = torch.tensor([1, -2, 3, -4], dtype=torch.int16)
+    c = torch.arange(10, dtype=torch.int32)
     buffers = [torch.zeros(16, dtype=torch.uint8) for _ in range(2)]
     emitted: list[tuple[int, int, list[ChunkMeta]]] = []
     assembler, rebuilt = TensorAssembler(), {}
 
     def emit(index: int, nbytes: int, chunks: list[ChunkMeta]) -> None:
         emitted.append((index, nbytes, chunks))
-        rebuilt.update(assembler.add_bucket(buffers[index][:nbytes].clone(), chunks))
+        for name, tensor in assembler.add_bucket(buffers[index][:nbytes], chunks):
+            rebuilt[name] = tensor.clone()  # lent until the next item
 
-    assert pack_buckets([("a", a), ("b", b)], buffers, lambda index: None, emit) == 2
-    assert [(index, nbytes) for index, nbytes, _ in emitted] == [(0, 16), (1, 4)]
-    assert emitted[0][2] == [
+    assert pack_buckets([("a", a), ("b", b), ("c", c)], buffers, lambda index: None, emit) == 5
+    assert [(index, nbytes) for index, nbytes, _ in emitted] == [(0, 12), (1, 8), (0, 16), (1, 16), (0, 8)]
+    assert [chunk for _, _, chunks in emitted for chunk in chunks] == [
         ChunkMeta("a", "torch.float32", (3,), 12, 0, 0, 12),
-        ChunkMeta("b", "torch.int16", (4,), 8, 0, 12, 4),
+        ChunkMeta("b", "torch.int16", (4,), 8, 0, 0, 8),
+        ChunkMeta("c", "torch.int32", (10,), 40, 0, 0, 16),
+        ChunkMeta("c", "torch.int32", (10,), 40, 16, 0, 16),
+        ChunkMeta("c", "torch.int32", (10,), 40, 32, 0, 8),
     ]
-    assert emitted[1][2] == [ChunkMeta("b", "torch.int16", (4,), 8, 4, 0, 4)]
     assert torch.equal(rebuilt["a"].view(torch.int32), a.view(torch.int32))  # NaN and -0.0 bits kept
     assert torch.equal(rebuilt["b"], b)
+    assert torch.equal(rebuilt["c"], c)
 
 
 def test_flushes_are_cut_by_entry_count_whatever_the_dtype() -> None:

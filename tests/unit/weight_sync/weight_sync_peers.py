@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -71,6 +72,17 @@ def serve(conn: Connection) -> None:
                 _send(
                     conn, ("ok", metrics, pack_tensors(engine.weights()), engine.version, engine.events[-5:])
                 )
+            elif command == "sync_many":  # several replicas of one sender receive at once
+                version, timeout_seconds = args
+                keys = key.split(",")
+                with ThreadPoolExecutor(len(keys)) as pool:
+                    futures = [
+                        pool.submit(run_receiver, engines[k], receivers[k], None, version, timeout_seconds)
+                        for k in keys
+                    ]
+                    for future in futures:
+                        future.result()
+                _send(conn, ("ok", [pack_tensors(engines[k].weights()) for k in keys]))
         except Exception as exc:  # reported to the test process, which asserts on it
             _send(conn, ("error", type(exc).__name__, str(exc)))
 
