@@ -226,10 +226,26 @@ def main(argv: list[str] | None = None) -> None:
         if "mooncake" in name and "raw mooncake" in gbps:
             line += f"  {rate / gbps['raw mooncake']:5.2f}x raw mooncake"
         print(line)
-    for transport in transports:
-        report_delta(conn, transport, weights, full_seconds[transport], total, args)
+    delta = {t: report_delta(conn, t, weights, full_seconds[t], total, args) for t in transports}
     conn.send(("stop",))
     worker.join(10)
+    print_targets(gbps, delta)
+
+
+def print_targets(gbps: dict[str, float], delta: dict[str, tuple[float, float]]) -> None:
+    """The issue's targets, each with the measured ratio."""
+    checks = []
+    if "bucketed shm" in gbps:
+        checks.append(("bucketed shm / memcpy", gbps["bucketed shm"] / gbps["memcpy"], 0.6))
+    if "bucketed mooncake" in gbps:
+        checks.append(
+            ("bucketed mooncake / raw mooncake", gbps["bucketed mooncake"] / gbps["raw mooncake"], 0.8)
+        )
+    for transport, (fewer_bytes, faster) in delta.items():
+        checks.append((f"delta 1% over {transport}: fewer bytes", fewer_bytes, 10.0))
+        checks.append((f"delta 1% over {transport}: faster than full", faster, 5.0))
+    for name, ratio, target in checks:
+        print(f"target {name:<44} {ratio:6.2f}  (>= {target:g})  {'met' if ratio >= target else 'NOT met'}")
 
 
 def report_delta(
@@ -239,10 +255,11 @@ def report_delta(
     full_seconds: float,
     total: int,
     args: argparse.Namespace,
-) -> None:
+) -> tuple[float, float]:
+    """Prints delta against full at 1% and 3% changed; returns (fewer-bytes, speed-up) at 1%."""
     session = Session(conn, "delta", transport, args.bucket_mb)
     session.sync(weights)  # the full seed
-    current = weights
+    current, ratios = weights, []
     for fraction in (0.01, 0.03):
         runs = []
         for repeat in range(args.repeats):
@@ -254,7 +271,9 @@ def report_delta(
             f" | full {total / 1e6:7.1f} MB in {full_seconds * 1e3:7.1f} ms"
             f" | {total / moved:5.1f}x fewer bytes, {full_seconds / seconds:5.1f}x faster"
         )
+        ratios.append((total / moved, full_seconds / seconds))
     session.sender.close()
+    return ratios[0]
 
 
 if __name__ == "__main__":

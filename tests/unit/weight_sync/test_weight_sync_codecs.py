@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -85,3 +86,17 @@ def test_unavailable_transport_fails_at_config_time_with_the_install_hint(
 def test_unknown_backend_lists_the_registered_ones() -> None:
     with pytest.raises(ValidationError, match=r"available: bucketed, delta, naive"):
         WeightSyncConfig(backend="rdma-magic")
+
+
+def test_heavy_transports_are_imported_only_when_chosen() -> None:
+    # A clean interpreter: building the default backends must not load Mooncake or c10d groups.
+    code = (
+        "import sys\n"
+        "from rl_train.engines.weight_sync import WeightSyncConfig, build_weight_sync_backend\n"
+        "sender = build_weight_sync_backend(WeightSyncConfig(backend='bucketed', transport='tcp')).build_sender()\n"
+        "sender.close()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('mooncake') or m.endswith('transports.torch_dist')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
