@@ -147,9 +147,15 @@ def run_receiver(
         engine.release_kv_cache()
     with _boundary(metrics, "receive", ReceiveError):
         named_tensors, received_version = receiver.receive(payload, timeout_seconds)
-        if received_version != version:
-            raise ReceiveError(f"expected version {version}, the sender sent {received_version}")
-        engine.update_weights(named_tensors, version)
+        try:
+            if received_version != version:
+                raise ReceiveError(f"expected version {version}, the sender sent {received_version}")
+            engine.update_weights(named_tensors, version)
+        except BaseException:
+            close = getattr(named_tensors, "close", None)
+            if callable(close):  # a streaming receiver skips the rest and tells the sender why
+                close()
+            raise
     with _boundary(metrics, "recover", RecoverError):
         engine.reset_prefix_cache()
         engine.resume_kv_cache()

@@ -6,33 +6,16 @@ memory, TCP, torch.distributed or Mooncake, chosen by ``rollout.weight_sync.tran
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
-
-import torch
 
 from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, NamedTensors
 from rl_train.engines.weight_sync.config import WeightSyncConfig
-from rl_train.engines.weight_sync.stream import StreamReceiver, StreamSender
+from rl_train.engines.weight_sync.stream import StreamedTensors, StreamReceiver, StreamSender
 from rl_train.engines.weight_sync.wire import Deadline
 
 
 def build_stream_sender(cfg: WeightSyncConfig) -> StreamSender:
     return StreamSender(cfg.transport, cfg.bucket_size_bytes, cfg.num_receivers, cfg.host)
-
-
-def finish_stream(
-    stream: StreamReceiver, tensors: Iterator[tuple[str, torch.Tensor]], version: int, deadline: Deadline
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield the stream, then report ``done``; a consumer that fails or stops early reports an abort."""
-    completed = False
-    try:
-        yield from tensors
-        stream.send(("done", version), deadline, f"reporting version {version} loaded")
-        completed = True
-    finally:
-        if not completed:
-            stream.abort(f"the receiving engine stopped while loading version {version}")
 
 
 class BucketedSender:
@@ -66,7 +49,7 @@ class BucketedReceiver:
     def receive(self, payload: Any, timeout_seconds: float) -> tuple[NamedTensors, int]:
         deadline = Deadline(timeout_seconds)
         version = int(self._stream.begin(deadline)["version"])
-        return finish_stream(self._stream, self._stream.tensors(deadline), version, deadline), version
+        return StreamedTensors(self._stream, self._stream.tensors(deadline), version, deadline), version
 
     def close(self) -> None:
         self._stream.close()

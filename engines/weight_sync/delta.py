@@ -18,7 +18,7 @@ import torch
 
 from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, NamedTensors
 from rl_train.engines.weight_sync.boundaries import ExportError, TransportError
-from rl_train.engines.weight_sync.bucketed import build_stream_sender, finish_stream
+from rl_train.engines.weight_sync.bucketed import build_stream_sender
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.engines.weight_sync.delta_codec import (
     apply_flushes,
@@ -27,7 +27,7 @@ from rl_train.engines.weight_sync.delta_codec import (
     encode_flushes,
     verify_flushes,
 )
-from rl_train.engines.weight_sync.stream import StreamReceiver
+from rl_train.engines.weight_sync.stream import StreamedTensors, StreamReceiver
 from rl_train.engines.weight_sync.wire import Deadline
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class DeltaReceiver:
         if decision == ("commit",) and problem is None:
             changed = apply_flushes(flushes, self._mirror)
             tensors = ((name, self._mirror[name]) for name in changed)
-            return finish_stream(self._stream, tensors, version, deadline), version
+            return StreamedTensors(self._stream, tensors, version, deadline), version
         if decision != ("resync",):
             raise TransportError(f"expected commit or resync for version {version}, got {decision!r}")
         self._stream.begin(deadline)
@@ -147,7 +147,7 @@ class DeltaReceiver:
 
     def _full(self, version: int, deadline: Deadline) -> NamedTensors:
         self._mirror = {}
-        return finish_stream(self._stream, self._record(self._stream.tensors(deadline)), version, deadline)
+        return StreamedTensors(self._stream, self._record(self._stream.tensors(deadline)), version, deadline)
 
     def _record(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in tensors:

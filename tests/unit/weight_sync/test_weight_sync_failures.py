@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from weight_sync_helpers import available_transports, make_weights
+from weight_sync_helpers import assert_same_weights, available_transports, make_weights
 from weight_sync_pair import SyncPair
 from weight_sync_peers import Peer
 
@@ -85,7 +85,7 @@ def test_export_failure_mid_stream_aborts_the_receiver_at_once(peer: Peer) -> No
             yield item
 
     try:
-        peer.request("sync", pair.key, 1, None, 10.0)
+        peer.request("sync", pair.key, 1, None, 30.0)
         with pytest.raises(ExportError, match="checkpoint shard unreadable"):
             run_sender(pair.sender, export, 1)
         reply = peer.reply(5.0)
@@ -93,5 +93,48 @@ def test_export_failure_mid_stream_aborts_the_receiver_at_once(peer: Peer) -> No
         assert "the sender aborted the sync" in reply[2] and "checkpoint shard unreadable" in reply[2]
         metrics, reply = pair.sync(weights, 2)  # both ends are back in step
         assert reply[0] == "ok" and reply[3] == 2, reply
+    finally:
+        pair.close()
+
+
+ENGINE_FAILURE_PAIRS = [("bucketed", name) for name in TRANSPORT_NAMES] + [("delta", "shm")]
+
+
+@pytest.mark.parametrize(
+    ("backend", "transport"), ENGINE_FAILURE_PAIRS, ids=[f"{b}-{t}" for b, t in ENGINE_FAILURE_PAIRS]
+)
+def test_engine_failing_mid_load_reaches_the_sender_and_the_next_sync_works(
+    peer: Peer, backend: str, transport: str
+) -> None:
+    weights = make_weights(0)
+    pair = SyncPair(peer, backend, transport, weights, timeout_seconds=30.0)
+    try:
+        assert peer.call("fail_next", pair.key, 4) == ("ok",)
+        peer.request("sync", pair.key, 1, None, 30.0)
+        with pytest.raises(
+            TransportError, match=r"receiver 0 aborted the sync: the receiving engine stopped"
+        ):
+            run_sender(pair.sender, lambda: iter(weights.items()), 1)
+        reply = peer.reply(30.0)
+        assert reply[:2] == ("error", "ReceiveError"), reply
+        assert "boundary 'receive'" in reply[2] and "out of memory" in reply[2]
+        updated = make_weights(1)
+        _, reply = pair.sync(updated, 2)  # both ends are still in step
+        assert reply[0] == "ok" and reply[3] == 2, reply
+        assert_same_weights(reply[2], updated)
+    finally:
+        pair.close()
+
+
+def test_version_mismatch_is_refused_at_receive_and_the_sender_hears_it(peer: Peer) -> None:
+    weights = make_weights(0)
+    pair = SyncPair(peer, "bucketed", "shm", weights, timeout_seconds=10.0)
+    try:
+        peer.request("sync", pair.key, 7, None, 10.0)  # the rollout side expects version 7
+        with pytest.raises(TransportError, match="receiver 0 aborted"):
+            run_sender(pair.sender, lambda: iter(weights.items()), 8)
+        reply = peer.reply(30.0)
+        assert reply[:2] == ("error", "ReceiveError"), reply
+        assert "expected version 7, the sender sent 8" in reply[2]
     finally:
         pair.close()

@@ -33,6 +33,8 @@ class TinyRolloutEngine:
         self.kv_cache_released = False
         self.prefix_cache: dict[str, int] = {"warm-prefix": self.version}
         self.events: list[str] = []
+        self.fail_after_tensors: int | None = None
+        """Fault injection: the next update raises after loading this many tensors (out of memory)."""
 
     def abort(self) -> int:
         self.events.append("abort")
@@ -44,8 +46,11 @@ class TinyRolloutEngine:
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         state = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
+        fail_after, self.fail_after_tensors = self.fail_after_tensors, None
         with torch.no_grad():
-            for name, tensor in named_tensors:
+            for number, (name, tensor) in enumerate(named_tensors):
+                if number == fail_after:
+                    raise RuntimeError(f"out of memory while loading {name}")
                 target = state[name.replace(".", "__")]
                 if target.shape != tensor.shape or target.dtype != tensor.dtype:
                     raise ValueError(f"{name}: got {tensor.dtype}{tuple(tensor.shape)}")

@@ -72,6 +72,9 @@ def serve(conn: Connection) -> None:
                 _send(
                     conn, ("ok", metrics, pack_tensors(engine.weights()), engine.version, engine.events[-5:])
                 )
+            elif command == "fail_next":
+                engines[key].fail_after_tensors = args[0]
+                _send(conn, ("ok",))
             elif command == "sync_many":  # several replicas of one sender receive at once
                 version, timeout_seconds = args
                 keys = key.split(",")
