@@ -1,0 +1,32 @@
+"""Integration fixtures: a small run config on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rl_train.storage.builtin_data import write_builtin_task
+
+
+@pytest.fixture
+def small_run_config(tiny_model_dir: Path, tmp_path: Path) -> dict[str, Any]:
+    data_dir = tmp_path / "data"
+    write_builtin_task("single_digit_sum", data_dir)
+    return {
+        "run": {"name": "it", "output_dir": str(tmp_path / "runs")},
+        "model": {"path": str(tiny_model_dir), "create_if_missing": False},
+        "data": {"builtin_task": None, "data_dir": str(data_dir)},
+        "trainer": {"total_steps": 3, "train_batch_size": 8, "val_every_steps": 3, "val_before_train": False},
+        "rollout": {"n": 4, "max_new_tokens": 4, "num_threads": 1},
+        "actor": {"num_threads": 1},
+    }
+
+
+@pytest.fixture
+def small_run_yaml(small_run_config: dict[str, Any], tmp_path: Path) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(small_run_config))
+    return path

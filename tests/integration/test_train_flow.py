@@ -1,0 +1,62 @@
+"""Three global steps through real Prefect (test harness API) and real Ray actors."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+from rl_train.config import Config
+from rl_train.flows.train import train_flow
+from rl_train.storage.metrics import read_metrics
+from rl_train.tasks import PHASES
+
+pytestmark = pytest.mark.integration
+
+
+def test_three_global_steps_through_prefect_and_ray(small_run_config: dict[str, Any], ray_local, prefect_harness) -> None:
+    cfg = copy.deepcopy(small_run_config)
+    cfg["actor"]["num_ranks"] = 2  # two DP ranks joined by gloo inside Ray actors
+    cfg["actor"]["kl_loss"] = True
+    cfg["actor"]["kl_loss_coef"] = 0.01
+    config = Config.model_validate(cfg)
+    state = train_flow(resolved=config.model_dump(mode="json"), return_state=True)
+    assert state.is_completed(), state
+    summary = state.result()
+    assert summary["steps"] == 3
+
+    metrics = read_metrics(summary["run_dir"])
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        for key in ("reward/mean", "response_length/mean", "actor/loss", "actor/grad_norm", "actor/kl"):
+            assert key in m, key
+        for phase in PHASES:
+            assert m[f"timing/{phase}"] > 0, phase
+        assert 0.0 <= m["reward/mean"] <= 1.0
+    assert "val/reward_mean" in metrics[-1]
+
+    with get_client(sync_client=True) as client:
+        parent = state.state_details.flow_run_id
+        steps = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent]))
+        )
+        assert sorted(r.name for r in steps) == ["step-1", "step-2", "step-3"]
+        assert all(r.state.is_completed() for r in steps)
+        from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterFlowRunId
+
+        tasks = client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[steps[0].id])))
+        names = {t.name.rsplit("-", 1)[0] for t in tasks}
+        assert set(PHASES) <= names, names
+
+
+def test_sync_run_without_prefect_uses_the_same_phases(small_run_config: dict[str, Any], ray_local) -> None:
+    from rl_train.flows.train import run_training
+
+    cfg = copy.deepcopy(small_run_config)
+    cfg["trainer"].update(use_prefect=False, total_steps=2)
+    summary = run_training(Config.model_validate(cfg))
+    metrics = read_metrics(summary["run_dir"])
+    assert len(metrics) == 2 and all(f"timing/{p}" in metrics[0] for p in PHASES if p != "ref")
