@@ -10,7 +10,8 @@ from typing import Any
 
 from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, NamedTensors
 from rl_train.engines.weight_sync.config import WeightSyncConfig
-from rl_train.engines.weight_sync.stream import StreamedTensors, StreamReceiver, StreamSender
+from rl_train.engines.weight_sync.stream import StreamSender
+from rl_train.engines.weight_sync.stream_receiver import StreamedTensors, StreamReceiver
 from rl_train.engines.weight_sync.wire import Deadline
 
 

@@ -27,7 +27,7 @@ from rl_train.engines.weight_sync.delta_codec import (
     encode_flushes,
     verify_flushes,
 )
-from rl_train.engines.weight_sync.stream import StreamedTensors, StreamReceiver
+from rl_train.engines.weight_sync.stream_receiver import StreamedTensors, StreamReceiver
 from rl_train.engines.weight_sync.wire import Deadline
 
 logger = logging.getLogger(__name__)

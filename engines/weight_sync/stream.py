@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -21,7 +21,7 @@ import torch
 
 from rl_train.engines.weight_sync import wire
 from rl_train.engines.weight_sync.boundaries import TransportError
-from rl_train.engines.weight_sync.buckets import ChunkMeta, TensorAssembler, pack_buckets
+from rl_train.engines.weight_sync.buckets import ChunkMeta, pack_buckets
 from rl_train.engines.weight_sync.transports import get_transport
 from rl_train.engines.weight_sync.wire import Deadline
 
@@ -151,152 +151,3 @@ class StreamSender:
         self._conns = []
         self._server.close()
         self._transport.close()
-
-
-class StreamReceiver:
-    """Connects at construction (so the sender can count it) and finishes the handshake lazily."""
-
-    def __init__(self, descriptor: dict[str, Any], connect_timeout_seconds: float) -> None:
-        self._descriptor = descriptor
-        self._transport = get_transport(descriptor["transport"]).Receiver(descriptor)
-        deadline = Deadline(connect_timeout_seconds)
-        where = f"{descriptor['host']}:{descriptor['port']}"
-        self._sock = wire.connect(
-            descriptor["host"], descriptor["port"], deadline, f"to the sender at {where}"
-        )
-        wire.send_message(
-            self._sock, ("hello", self._transport.hello()), deadline, "saying hello to the sender"
-        )
-        self._attached = False
-        self._sender_aborted = False
-        self._in_stream = False
-        self._unacked: int | None = None
-
-    def send(self, message: Any, deadline: Deadline, waiting_for: str) -> None:
-        wire.send_message(self._sock, message, deadline, waiting_for)
-
-    def recv(self, kind: str, deadline: Deadline, waiting_for: str) -> tuple[Any, ...]:
-        return wire.expect(self.recv_any(deadline, waiting_for), kind, waiting_for)
-
-    def recv_any(self, deadline: Deadline, waiting_for: str) -> Any:
-        return wire.recv_message(self._sock, deadline, waiting_for)
-
-    def begin(self, deadline: Deadline) -> dict[str, Any]:
-        """Wait for the next stream's header (the welcome first, on the first sync)."""
-        if not self._attached:
-            waiting = "waiting for the sender's welcome (the sender has not started its first sync)"
-            (welcome,) = self.recv("welcome", deadline, waiting)
-            self._transport.attach(welcome, self._sock, deadline)
-            self._attached = True
-        (header,) = self.recv("begin", deadline, "waiting for the sender to begin a sync")
-        self._sender_aborted, self._in_stream = False, True
-        return header
-
-    def tensors(self, deadline: Deadline) -> Iterator[tuple[str, torch.Tensor]]:
-        """The stream's tensors, acked bucket by bucket.
-
-        Each tensor is valid until the next one is requested (whole tensors are views of the
-        bucket buffer, which the sender refills after the ack): consume, or copy, as you go.
-        """
-        assembler = TensorAssembler()
-        number = 0
-        while True:
-            message = self._next_bucket(deadline, number)
-            if message is None:
-                assembler.finish()
-                return
-            index, nbytes, chunks = message
-            bucket = self._transport.pull(index, nbytes, deadline)
-            self._unacked = index
-            yield from assembler.add_bucket(bucket, chunks)  # views: consumed before the ack
-            self._ack(deadline, number)
-            number += 1
-
-    def _next_bucket(self, deadline: Deadline, number: int) -> tuple[Any, ...] | None:
-        """The next bucket's (index, nbytes, chunks), or ``None`` at the end of the stream."""
-        message = wire.recv_message(self._sock, deadline, f"waiting for bucket {number} from the sender")
-        if isinstance(message, tuple) and message and message[0] == "abort":
-            self._sender_aborted, self._in_stream = True, False
-            raise TransportError(f"the sender aborted the sync at bucket {number}: {message[1]}")
-        if isinstance(message, tuple) and message and message[0] == "end":
-            self._in_stream = False
-            if message[1] != number:
-                raise TransportError(f"the sender sent {message[1]} buckets, {number} arrived")
-            return None
-        return wire.expect(message, "bucket", f"waiting for bucket {number}")
-
-    def _ack(self, deadline: Deadline, number: int) -> None:
-        assert self._unacked is not None
-        self.send(("ack", self._unacked), deadline, f"acking bucket {number}")
-        self._unacked = None
-
-    def drain(self, deadline: Deadline) -> None:
-        """Skip the rest of the current stream, acking every bucket, so both ends stay in step."""
-        number = 0
-        if self._unacked is not None:
-            self._ack(deadline, number)
-        while self._in_stream:
-            message = self._next_bucket(deadline, number)
-            if message is None:
-                return
-            index, nbytes, _ = message
-            self._transport.pull(index, nbytes, deadline)
-            self._unacked = index
-            self._ack(deadline, number)
-            number += 1
-
-    def abort(self, reason: str, deadline: Deadline) -> None:
-        """Give up on this sync: skip what is left of it, then tell the sender in place of ``done``."""
-        if self._sender_aborted:
-            return  # the sender gave up first and expects nothing more of this stream
-        with contextlib.suppress(TransportError):
-            self.drain(deadline)
-        with contextlib.suppress(TransportError):  # own short deadline: the sync's may be spent
-            wire.send_message(self._sock, ("abort", reason), Deadline(2.0), "reporting an abort")
-
-    def close(self) -> None:
-        self._sock.close()
-        self._transport.close()
-
-
-class StreamedTensors:
-    """What a streaming receiver hands the engine: the tensors, then ``done``; closed early, an abort.
-
-    ``run_receiver`` closes it when the engine fails: the rest of the stream is then skipped
-    (bucket by bucket, acked) and the sender hears why in place of ``done``, so both ends
-    are in step for the next sync.
-    """
-
-    def __init__(
-        self,
-        stream: StreamReceiver,
-        tensors: Iterator[tuple[str, torch.Tensor]],
-        version: int,
-        deadline: Deadline,
-    ) -> None:
-        self._stream, self._tensors, self._version, self._deadline = stream, tensors, version, deadline
-        self._finished = False
-
-    def __iter__(self) -> StreamedTensors:
-        return self
-
-    def __next__(self) -> tuple[str, torch.Tensor]:
-        try:
-            return next(self._tensors)
-        except StopIteration:
-            if not self._finished:
-                self._finished = True
-                self._stream.send(
-                    ("done", self._version), self._deadline, f"reporting version {self._version}"
-                )
-            raise
-        except BaseException:
-            self._finished = True  # the stream itself failed: nothing left to skip or report
-            raise
-
-    def close(self, reason: str = "the receiving engine stopped before loading every tensor") -> None:
-        if self._finished:
-            return
-        self._finished = True
-        self._tensors.close()
-        self._stream.abort(f"{reason} (version {self._version})", self._deadline)
