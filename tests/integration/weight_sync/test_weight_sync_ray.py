@@ -58,6 +58,9 @@ class TrainingSide:
 
         return run_sender(self.sender, lambda: iter(self.weights.items()), version)[1]
 
+    def close(self) -> None:
+        self.sender.close()  # the creator unlinks the shared memory; a killed actor would leak it
+
 
 class RolloutSide:
     """A rollout replica whose engine copies received tensors into its own weights."""
@@ -89,6 +92,9 @@ class RolloutSide:
         run_receiver(self, self.receiver, None, version, 30.0)
         return self.version, digest(self.weights)
 
+    def close(self) -> None:
+        self.receiver.close()
+
 
 @pytest.mark.parametrize("backend", ["bucketed", "delta"])
 def test_training_actor_syncs_two_rollout_actors_over_shm(ray_local, backend: str) -> None:
@@ -115,5 +121,6 @@ def test_training_actor_syncs_two_rollout_actors_over_shm(ray_local, backend: st
             assert weights_digest == expected
         if backend == "delta" and version:
             assert metrics["weight_sync/bytes"] < metrics["weight_sync/export_bytes"] / 5
+    ray.get([actor.close.remote() for actor in (trainer, *rollouts)])
     for actor in (trainer, *rollouts):
         ray.kill(actor)
