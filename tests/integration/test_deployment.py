@@ -1,0 +1,85 @@
+"""A real local Prefect server (SQLite), `rl-train serve`, and `prefect deployment run rl-train/sync`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: process exited with {proc.returncode}")
+        try:
+            if predicate():
+                return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def prefect_server(tmp_path: Path):
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        health = f"http://127.0.0.1:{port}/api/health"
+        _wait_for(lambda: urllib.request.urlopen(health, timeout=2).status == 200, 180, "the Prefect server", server)
+        yield env
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_deployment_run_trains(prefect_server: dict[str, str], small_run_yaml: Path, tmp_path: Path) -> None:
+    env = {**prefect_server, "RL_TRAIN_RAY_TMPDIR": f"/tmp/rlt-dep-{os.getpid()}"}
+    serve_log = (tmp_path / "serve.log").open("w")
+    serve = subprocess.Popen([str(BIN / "rl-train"), "serve"], env=env, stdout=serve_log, stderr=subprocess.STDOUT)
+    try:
+        def deployment_exists() -> bool:
+            out = subprocess.run([str(BIN / "prefect"), "deployment", "ls"], env=env, capture_output=True, text=True, timeout=60)
+            return "rl-train/sync" in out.stdout
+
+        _wait_for(deployment_exists, 180, "deployment rl-train/sync", serve)
+        run = subprocess.run(
+            [str(BIN / "prefect"), "deployment", "run", "rl-train/sync", "-p", f"config={small_run_yaml}", "--watch"],
+            env=env, capture_output=True, text=True, timeout=600,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr + (tmp_path / "serve.log").read_text()[-4000:]
+        assert "Completed" in run.stdout + run.stderr
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
+    runs_dir = Path(__import__("yaml").safe_load(small_run_yaml.read_text())["run"]["output_dir"]) / "it"
+    assert len((runs_dir / "metrics.jsonl").read_text().splitlines()) == 3
