@@ -106,6 +106,7 @@ class WorkerPools:
 
     # -- weight sync ---------------------------------------------------------------------
     def open_weight_sync(self, cfg: Any) -> None:
+        cfg = cfg.model_copy(update={"num_receivers": len(self.rollouts)})
         self.weight_sync_backend = build_weight_sync_backend(cfg)
         self.weight_sync_timeout = cfg.timeout_seconds
         descriptor = ray.get(self.trainers[0].open_sender.remote(self.weight_sync_backend))

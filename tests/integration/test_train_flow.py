@@ -52,11 +52,19 @@ def test_three_global_steps_through_prefect_and_ray(small_run_config: dict[str, 
         assert set(PHASES) <= names, names
 
 
-def test_sync_run_without_prefect_uses_the_same_phases(small_run_config: dict[str, Any], ray_local) -> None:
+@pytest.mark.parametrize("backend", ["bucketed", "delta"])
+def test_sync_run_without_prefect_over_streaming_weight_sync(
+    small_run_config: dict[str, Any], ray_local, backend: str
+) -> None:
+    """Same phases called directly; weights reach two rollout replicas over shared memory."""
     from rl_train.flows.train import run_training
 
     cfg = copy.deepcopy(small_run_config)
     cfg["trainer"].update(use_prefect=False, total_steps=2)
+    cfg["rollout"].update(num_replicas=2, weight_sync={"backend": backend, "transport": "shm", "bucket_size_bytes": 1 << 16})
     summary = run_training(Config.model_validate(cfg))
     metrics = read_metrics(summary["run_dir"])
     assert len(metrics) == 2 and all(f"timing/{p}" in metrics[0] for p in PHASES if p != "ref")
+    assert metrics[-1]["weight_sync/bytes"] > 0
+    for boundary in ("quiesce", "export", "transport", "receive", "recover"):
+        assert f"timing/weight_sync/{boundary}" in metrics[-1]
