@@ -27,11 +27,17 @@ def prepare_inputs(config: Config) -> None:
     """Create the built-in policy and task data when they are configured and missing."""
     if not Path(config.model.path).exists():
         if not config.model.create_if_missing:
-            raise FileNotFoundError(f"model.path {config.model.path} does not exist (model.create_if_missing is off)")
+            raise FileNotFoundError(
+                f"model.path {config.model.path} does not exist (model.create_if_missing is off)"
+            )
         print(f"creating the built-in tiny policy at {config.model.path} ...", file=sys.stderr)
-        create_tiny_policy(config.model.path, seed=config.run.seed, pretrain_steps=config.model.pretrain_steps)
+        create_tiny_policy(
+            config.model.path, seed=config.run.seed, pretrain_steps=config.model.pretrain_steps
+        )
     data = config.data
-    if data.builtin_task and not all(Path(p).exists() for p in data.resolved_train_files() + data.resolved_val_files()):
+    if data.builtin_task and not all(
+        Path(p).exists() for p in data.resolved_train_files() + data.resolved_val_files()
+    ):
         write_builtin_task(data.builtin_task, data.data_dir, seed=config.run.seed)
 
 
@@ -50,10 +56,18 @@ class BaseTrainer(ABC):
         """Validate data, create the model if needed, start Ray and the worker pools."""
         prepare_inputs(self.config)
         train_prompts = load_prompts(self.config.data.resolved_train_files())
-        val_prompts = load_prompts(self.config.data.resolved_val_files()) if self.config.trainer.val_every_steps or self.config.trainer.val_before_train else []
+        val_prompts = (
+            load_prompts(self.config.data.resolved_val_files())
+            if self.config.trainer.val_every_steps or self.config.trainer.val_before_train
+            else []
+        )
         ensure_ray(self.config.ray.address, self.config.ray.num_cpus)
         pools = WorkerPools.create(self.run_id, self.config)
-        sampling = {"temperature": self.config.rollout.temperature, "top_p": self.config.rollout.top_p, "max_new_tokens": self.config.rollout.max_new_tokens}
+        sampling = {
+            "temperature": self.config.rollout.temperature,
+            "top_p": self.config.rollout.top_p,
+            "max_new_tokens": self.config.rollout.max_new_tokens,
+        }
         loader = PromptLoader(train_prompts, seed=self.config.run.seed)
         buffer = ReplayBuffer(pools.tq, pools.rollouts, loader, self.config.rollout.n, sampling)
         self.context = RunContext(self.run_id, self.config, pools, buffer, val_prompts, hooks=self)
@@ -91,7 +105,9 @@ class BaseTrainer(ABC):
 
     def _validate(self, step: int) -> dict[str, float]:
         self.on_validate_begin(step)
-        result = validate(self.run_id, step) if self.config.trainer.use_prefect else validate.fn(self.run_id, step)
+        result = (
+            validate(self.run_id, step) if self.config.trainer.use_prefect else validate.fn(self.run_id, step)
+        )
         self.on_validate_end(step, result)
         return result
 
@@ -100,7 +116,11 @@ class BaseTrainer(ABC):
         parts = [f"step {m['step']:>4}/{total}", f"reward {m.get('reward/mean', 0):.3f}"]
         if "val/reward_mean" in m:
             parts.append(f"val {m['val/reward_mean']:.3f}")
-        parts += [f"loss {m.get('actor/loss', 0):+.4f}", f"len {m.get('response_length/mean', 0):.1f}", f"{m['timing/step']:.2f}s"]
+        parts += [
+            f"loss {m.get('actor/loss', 0):+.4f}",
+            f"len {m.get('response_length/mean', 0):.1f}",
+            f"{m['timing/step']:.2f}s",
+        ]
         print(" | ".join(parts), file=sys.stderr, flush=True)
 
     def teardown(self) -> None:

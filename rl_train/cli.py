@@ -19,7 +19,9 @@ EPILOG = """examples:
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", help="YAML config file (defaults apply when omitted)")
-    parser.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="overrides, e.g. trainer.total_steps=50")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="dotted.key=value", help="overrides, e.g. trainer.total_steps=50"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,9 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="run training (through Prefect's local API unless PREFECT_API_URL is set)")
+    train = sub.add_parser(
+        "train", help="run training (through Prefect's local API unless PREFECT_API_URL is set)"
+    )
     _add_config_args(train)
-    train.add_argument("--no-prefect", action="store_true", help="call the phase functions directly, without Prefect")
+    train.add_argument(
+        "--no-prefect", action="store_true", help="call the phase functions directly, without Prefect"
+    )
 
     show = sub.add_parser("config", help="print the resolved config")
     _add_config_args(show)
@@ -43,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     init_model = sub.add_parser("init-model", help="create the built-in tiny policy (HF format)")
     init_model.add_argument("--out", required=True, help="directory to write")
     init_model.add_argument("--seed", type=int, default=0)
-    init_model.add_argument("--pretrain-steps", type=int, default=300, help="format-pretraining steps (0 = random init)")
+    init_model.add_argument(
+        "--pretrain-steps", type=int, default=300, help="format-pretraining steps (0 = random init)"
+    )
 
     init_data = sub.add_parser("init-data", help="write a built-in task's train/val Parquet files")
     init_data.add_argument("--task", default="single_digit_sum", help="single_digit_sum or multi_digit_sum")

@@ -8,7 +8,7 @@ allowed, and are raised before anything starts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -129,7 +129,10 @@ class Config(StrictModel):
                 f"trainer.train_batch_size ({t.train_batch_size}) must be divisible by "
                 f"trainer.parameter_sync_step ({t.parameter_sync_step})"
             )
-        if self.actor.ppo_mini_batch_size and (t.train_batch_size // t.parameter_sync_step) % self.actor.ppo_mini_batch_size:
+        if (
+            self.actor.ppo_mini_batch_size
+            and (t.train_batch_size // t.parameter_sync_step) % self.actor.ppo_mini_batch_size
+        ):
             raise ValueError(
                 f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}) must divide the groups of one local "
                 f"update (trainer.train_batch_size / trainer.parameter_sync_step = {t.train_batch_size // t.parameter_sync_step})"
@@ -140,11 +143,14 @@ class Config(StrictModel):
     def optimizer_horizon_steps(self) -> int:
         """LR schedule horizon in optimizer steps (R-2.3)."""
         per_update = (
-            (self.trainer.train_batch_size // self.trainer.parameter_sync_step) // self.actor.ppo_mini_batch_size
+            (self.trainer.train_batch_size // self.trainer.parameter_sync_step)
+            // self.actor.ppo_mini_batch_size
             if self.actor.ppo_mini_batch_size
             else 1
         )
-        return self.trainer.total_steps * self.trainer.parameter_sync_step * per_update * self.actor.ppo_epochs
+        return (
+            self.trainer.total_steps * self.trainer.parameter_sync_step * per_update * self.actor.ppo_epochs
+        )
 
 
 class ConfigError(ValueError):
@@ -169,7 +175,11 @@ def _allowed_keys(loc: tuple[Any, ...]) -> str:
     model: Any = Config
     for part in loc[:-1]:
         field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, StrictModel):
+        if (
+            field is None
+            or not isinstance(field.annotation, type)
+            or not issubclass(field.annotation, StrictModel)
+        ):
             return "see `rl-train config --show --docs`"
         model = field.annotation
     return f"allowed keys here: {', '.join(model.model_fields)}"
@@ -196,7 +206,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for depth, key in enumerate(keys[:-1]):
             child = node.setdefault(key, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {'.'.join(keys[: depth + 1])} is {child!r}, not a section")
+                raise ConfigError(
+                    f"override {item!r}: {'.'.join(keys[: depth + 1])} is {child!r}, not a section"
+                )
             node = child
         node[keys[-1]] = value
     return data
@@ -213,7 +225,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must hold a mapping at the top, got {type(loaded).__name__}")
+            raise ConfigError(
+                f"config file {path} must hold a mapping at the top, got {type(loaded).__name__}"
+            )
         data = loaded or {}
     apply_overrides(data, overrides or [])
     try:

@@ -35,7 +35,9 @@ def single_digit_sum(num_train: int = 2000, seed: int = 0) -> tuple[list[Row], l
 
 
 @BUILTIN_TASKS.register("multi_digit_sum")
-def multi_digit_sum(num_train: int = 4000, num_val: int = 200, digits: int = 2, seed: int = 0) -> tuple[list[Row], list[Row]]:
+def multi_digit_sum(
+    num_train: int = 4000, num_val: int = 200, digits: int = 2, seed: int = 0
+) -> tuple[list[Row], list[Row]]:
     rng = random.Random(seed)
     high = 10**digits - 1
     val_pairs: set[tuple[int, int]] = set()

@@ -37,7 +37,9 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
                 except json.JSONDecodeError as exc:
                     raise DatasetError(f"{path}:row {line_no}: not valid JSON ({exc.msg})") from None
                 if not isinstance(row, dict):
-                    raise DatasetError(f"{path}:row {line_no}: expected a JSON object, got {type(row).__name__}")
+                    raise DatasetError(
+                        f"{path}:row {line_no}: expected a JSON object, got {type(row).__name__}"
+                    )
                 rows.append(row)
         return rows
     raise DatasetError(f"{path}: unsupported dataset format {path.suffix!r}; use .parquet or .jsonl")
@@ -48,11 +50,17 @@ def validate_row(row: dict[str, Any], path: Path, row_no: int) -> None:
         if column not in row or row[column] is None:
             raise DatasetError(f"{path}:row {row_no}: column {column!r} is missing")
     if not isinstance(row["prompt"], str) or not row["prompt"]:
-        raise DatasetError(f"{path}:row {row_no}: column 'prompt' must be a non-empty string, got {row['prompt']!r}")
+        raise DatasetError(
+            f"{path}:row {row_no}: column 'prompt' must be a non-empty string, got {row['prompt']!r}"
+        )
     if not isinstance(row["data_source"], str) or not row["data_source"]:
-        raise DatasetError(f"{path}:row {row_no}: column 'data_source' must be a non-empty string, got {row['data_source']!r}")
+        raise DatasetError(
+            f"{path}:row {row_no}: column 'data_source' must be a non-empty string, got {row['data_source']!r}"
+        )
     if not isinstance(row["ground_truth"], str | int | float):
-        raise DatasetError(f"{path}:row {row_no}: column 'ground_truth' must be a string or number, got {row['ground_truth']!r}")
+        raise DatasetError(
+            f"{path}:row {row_no}: column 'ground_truth' must be a string or number, got {row['ground_truth']!r}"
+        )
 
 
 def load_prompts(paths: list[str | Path]) -> list[dict[str, Any]]:

@@ -13,7 +13,9 @@ from typing import Any
 import torch
 
 
-def collate(records: list[dict[str, Any]], pad_token_id: int, token_fields: list[str] = ()) -> dict[str, torch.Tensor]:  # type: ignore[assignment]
+def collate(
+    records: list[dict[str, Any]], pad_token_id: int, token_fields: list[str] = ()
+) -> dict[str, torch.Tensor]:  # type: ignore[assignment]
     """Right-padded ``input_ids``, ``attention_mask``, ``response_mask`` and ``token_fields``."""
     lengths = [len(r["prompt_ids"]) + len(r["response_ids"]) for r in records]
     width = max(lengths, default=1)
@@ -28,9 +30,13 @@ def collate(records: list[dict[str, Any]], pad_token_id: int, token_fields: list
         input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention[i, : len(ids)] = 1
         graded = record.get("response_mask", [1] * response_len)
-        response_mask[i, prompt_len : prompt_len + response_len] = torch.as_tensor(graded, dtype=torch.float32)
+        response_mask[i, prompt_len : prompt_len + response_len] = torch.as_tensor(
+            graded, dtype=torch.float32
+        )
         for name, tensor in extra.items():
-            tensor[i, prompt_len : prompt_len + response_len] = torch.as_tensor(record[name], dtype=torch.float32)
+            tensor[i, prompt_len : prompt_len + response_len] = torch.as_tensor(
+                record[name], dtype=torch.float32
+            )
     return {"input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask, **extra}
 
 

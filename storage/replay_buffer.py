@@ -17,7 +17,9 @@ from rl_train.storage.dataset import PromptLoader
 
 
 class ReplayBuffer:
-    def __init__(self, tq: Any, rollouts: list[Any], loader: PromptLoader, n: int, sampling: dict[str, Any]) -> None:
+    def __init__(
+        self, tq: Any, rollouts: list[Any], loader: PromptLoader, n: int, sampling: dict[str, Any]
+    ) -> None:
         self.tq = tq
         self.rollouts = rollouts
         self.loader = loader
@@ -32,11 +34,13 @@ class ReplayBuffer:
         ray.get(self.tq.put.remote("train", records, tags))
         keys = list(records)
         shards = [keys[i :: len(self.rollouts)] for i in range(len(self.rollouts))]
-        ray.get([
-            replica.generate_prompts.remote("train", shard, self.n, self.sampling)
-            for replica, shard in zip(self.rollouts, shards, strict=True)
-            if shard
-        ])
+        ray.get(
+            [
+                replica.generate_prompts.remote("train", shard, self.n, self.sampling)
+                for replica, shard in zip(self.rollouts, shards, strict=True)
+                if shard
+            ]
+        )
         return keys
 
     def sample(self, num_groups: int, step: int) -> str:

@@ -39,7 +39,12 @@ class TransferQueue:
         return self._fields[name], self._tags[name]
 
     # -- records ------------------------------------------------------------------------
-    def put(self, partition: str, records: dict[str, dict[str, Any]], tags: dict[str, dict[str, Any]] | None = None) -> int:
+    def put(
+        self,
+        partition: str,
+        records: dict[str, dict[str, Any]],
+        tags: dict[str, dict[str, Any]] | None = None,
+    ) -> int:
         """Insert or update records (fields are merged into existing ones)."""
         fields, all_tags = self._partition(partition)
         for key, record in records.items():
@@ -49,7 +54,9 @@ class TransferQueue:
             self._set_tags(partition, key, record_tags)
         return len(records)
 
-    def get(self, partition: str, keys: list[str], field_names: list[str] | None = None) -> list[dict[str, Any]]:
+    def get(
+        self, partition: str, keys: list[str], field_names: list[str] | None = None
+    ) -> list[dict[str, Any]]:
         """Records of ``keys`` in order; only ``field_names`` when given. A missing field raises."""
         fields, _ = self._partition(partition)
         out = []
@@ -62,7 +69,9 @@ class TransferQueue:
                 continue
             missing = [f for f in field_names if f not in record]
             if missing:
-                raise KeyError(f"record {key!r} in {partition!r} lacks field(s) {missing}; it has {sorted(record)}")
+                raise KeyError(
+                    f"record {key!r} in {partition!r} lacks field(s) {missing}; it has {sorted(record)}"
+                )
             out.append({f: record[f] for f in field_names})
         return out
 
@@ -121,4 +130,6 @@ class TransferQueue:
             self.delete(batch["partition"], batch["keys"])
 
     def stats(self) -> dict[str, int]:
-        return {f"tq/{p}_records": len(f) for p, f in self._fields.items()} | {"tq/batches": len(self._batches)}
+        return {f"tq/{p}_records": len(f) for p, f in self._fields.items()} | {
+            "tq/batches": len(self._batches)
+        }

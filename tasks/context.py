@@ -36,7 +36,9 @@ def get_run(run_id: str) -> RunContext:
     try:
         return _RUNS[run_id]
     except KeyError:
-        raise KeyError(f"no active run {run_id!r} in this process; active: {', '.join(_RUNS) or '(none)'}") from None
+        raise KeyError(
+            f"no active run {run_id!r} in this process; active: {', '.join(_RUNS) or '(none)'}"
+        ) from None
 
 
 def unregister_run(run_id: str) -> None:

@@ -40,7 +40,13 @@ def reward(run_id: str, batch_id: str) -> dict[str, float]:
     ctx = get_run(run_id)
     keys = _batch(ctx, batch_id)["keys"]
     shards = _split(keys, len(ctx.pools.rewards))
-    scores = [s for part in ray.get([w.score.remote("train", k) for w, k in zip(ctx.pools.rewards, shards, strict=True)]) for s in part]
+    scores = [
+        s
+        for part in ray.get(
+            [w.score.remote("train", k) for w, k in zip(ctx.pools.rewards, shards, strict=True)]
+        )
+        for s in part
+    ]
     return {"reward/mean": sum(scores) / max(len(scores), 1), "reward/max": max(scores, default=0.0)}
 
 
@@ -56,17 +62,21 @@ def balance(run_id: str, batch_id: str) -> dict[str, float]:
     response_lengths = [t["response_len"] for t in tags]
     return {
         "response_length/mean": sum(response_lengths) / max(len(response_lengths), 1),
-        "balance/max_rank_tokens": float(max(sum(lengths[keys.index(k)] for k in s) for s in shards)) if keys else 0.0,
+        "balance/max_rank_tokens": float(max(sum(lengths[keys.index(k)] for k in s) for s in shards))
+        if keys
+        else 0.0,
     }
 
 
 def _forward_pass(run_id: str, batch_id: str, out_field: str, reference: bool) -> None:
     ctx = get_run(run_id)
     shards = _batch(ctx, batch_id)["shards"]
-    ray.get([
-        rank.compute_log_probs.remote("train", shard, out_field, reference)
-        for rank, shard in zip(ctx.pools.trainers, shards, strict=True)
-    ])
+    ray.get(
+        [
+            rank.compute_log_probs.remote("train", shard, out_field, reference)
+            for rank, shard in zip(ctx.pools.trainers, shards, strict=True)
+        ]
+    )
 
 
 @phase_task(name="old_log_prob")
@@ -94,10 +104,16 @@ def advantage(run_id: str, batch_id: str) -> dict[str, float]:
     scores = torch.tensor([float(r["reward"]) for r in records])
     inputs = AdvantageInputs(place_on_last_token(scores, mask), mask, [r["group_id"] for r in records])
     advantages, _ = ADV_ESTIMATORS.get(ctx.config.algorithm.adv_estimator)(inputs, ctx.config.algorithm)
-    values = {k: advantages[i, : len(r["response_ids"])].tolist() for i, (k, r) in enumerate(zip(keys, records, strict=True))}
+    values = {
+        k: advantages[i, : len(r["response_ids"])].tolist()
+        for i, (k, r) in enumerate(zip(keys, records, strict=True))
+    }
     ray.get(ctx.pools.tq.put.remote("train", {k: {"advantages": v} for k, v in values.items()}))
     graded = advantages[mask > 0]
-    return {"advantage/mean": float(graded.mean()) if graded.numel() else 0.0, "advantage/abs_mean": float(graded.abs().mean()) if graded.numel() else 0.0}
+    return {
+        "advantage/mean": float(graded.mean()) if graded.numel() else 0.0,
+        "advantage/abs_mean": float(graded.abs().mean()) if graded.numel() else 0.0,
+    }
 
 
 @phase_task(name="update")
@@ -107,10 +123,12 @@ def update(run_id: str, batch_id: str) -> dict[str, float]:
     batch = _batch(ctx, batch_id)
     mini = ctx.config.actor.ppo_mini_batch_size
     num_mini_batches = len(batch["groups"]) // mini if mini else 1
-    per_rank = ray.get([
-        rank.update.remote("train", shard, num_mini_batches)
-        for rank, shard in zip(ctx.pools.trainers, batch["shards"], strict=True)
-    ])
+    per_rank = ray.get(
+        [
+            rank.update.remote("train", shard, num_mini_batches)
+            for rank, shard in zip(ctx.pools.trainers, batch["shards"], strict=True)
+        ]
+    )
     return per_rank[0]
 
 
@@ -132,11 +150,31 @@ def validate(run_id: str, step: int) -> dict[str, float]:
     tags = {k: {"kind": "prompt", "status": "pending"} for k in records}
     ray.get(tq.put.remote("val", records, tags))
     keys = list(records)
-    params = {"temperature": ctx.config.rollout.val_temperature, "top_p": 1.0, "max_new_tokens": ctx.config.rollout.max_new_tokens}
+    params = {
+        "temperature": ctx.config.rollout.val_temperature,
+        "top_p": 1.0,
+        "max_new_tokens": ctx.config.rollout.max_new_tokens,
+    }
     replicas = ctx.pools.rollouts
-    traj = [k for part in ray.get([r.generate_prompts.remote("val", s, 1, params) for r, s in zip(replicas, _split(keys, len(replicas)), strict=True) if s]) for k in part]
+    traj = [
+        k
+        for part in ray.get(
+            [
+                r.generate_prompts.remote("val", s, 1, params)
+                for r, s in zip(replicas, _split(keys, len(replicas)), strict=True)
+                if s
+            ]
+        )
+        for k in part
+    ]
     workers = ctx.pools.rewards
-    scores = [s for part in ray.get([w.score.remote("val", s) for w, s in zip(workers, _split(traj, len(workers)), strict=True) if s]) for s in part]
+    scores = [
+        s
+        for part in ray.get(
+            [w.score.remote("val", s) for w, s in zip(workers, _split(traj, len(workers)), strict=True) if s]
+        )
+        for s in part
+    ]
     ray.get(tq.delete.remote("val", keys + traj))
     return {"val/reward_mean": sum(scores) / max(len(scores), 1)}
 

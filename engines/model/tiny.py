@@ -20,7 +20,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwe
 from rl_train.engines.model.tokenizer import build_char_tokenizer, load_tokenizer
 
 
-def tiny_qwen2_config(vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token_id: int) -> Qwen2Config:
+def tiny_qwen2_config(
+    vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token_id: int
+) -> Qwen2Config:
     return Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -65,7 +67,11 @@ def pretrain_format(
     for step in range(steps):
         lines = corpus[step * batch_size : (step + 1) * batch_size]
         encoded = [
-            [tokenizer.bos_token_id, *tokenizer.encode(line, add_special_tokens=False), tokenizer.eos_token_id]
+            [
+                tokenizer.bos_token_id,
+                *tokenizer.encode(line, add_special_tokens=False),
+                tokenizer.eos_token_id,
+            ]
             for line in lines
         ]
         width = max(len(ids) for ids in encoded)

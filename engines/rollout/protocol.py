@@ -41,7 +41,9 @@ class GenerationResult:
 class RolloutEngine(Protocol):
     version: int
 
-    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]: ...
+    def generate(
+        self, requests: list[GenerationRequest], params: SamplingParams
+    ) -> list[GenerationResult]: ...
 
     def abort(self) -> int: ...
 

@@ -53,7 +53,9 @@ class TorchRolloutEngine:
         return results
 
     @torch.no_grad()
-    def _generate_batch(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+    def _generate_batch(
+        self, requests: list[GenerationRequest], params: SamplingParams
+    ) -> list[GenerationResult]:
         contexts = [r.prompt_ids + r.response_prefix for r in requests]
         batch_size, width = len(contexts), max(len(c) for c in contexts)
         input_ids = torch.full((batch_size, width), self.pad_token_id, dtype=torch.long)
@@ -75,10 +77,15 @@ class TorchRolloutEngine:
                     stop = [s or "aborted" for s in stop]
                     break
                 out = self.model(
-                    input_ids=step_ids, attention_mask=attention, position_ids=step_pos,
-                    cache=cache, use_cache=True,
+                    input_ids=step_ids,
+                    attention_mask=attention,
+                    position_ids=step_pos,
+                    cache=cache,
+                    use_cache=True,
                 )
-                tokens, logps = sample_tokens(out.logits[:, -1], params.temperature, params.top_p, self._generator)
+                tokens, logps = sample_tokens(
+                    out.logits[:, -1], params.temperature, params.top_p, self._generator
+                )
                 for i in range(batch_size):
                     if stop[i] is None:
                         new_ids[i].append(int(tokens[i]))

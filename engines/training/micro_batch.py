@@ -26,7 +26,10 @@ def split_micro_batches(
             if micro_batch_size is not None and end - start >= micro_batch_size:
                 break
             candidate = max(longest, lengths[end])
-            if max_tokens_per_micro_batch is not None and candidate * (end - start + 1) > max_tokens_per_micro_batch:
+            if (
+                max_tokens_per_micro_batch is not None
+                and candidate * (end - start + 1) > max_tokens_per_micro_batch
+            ):
                 break
             longest = candidate
             end += 1

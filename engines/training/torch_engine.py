@@ -52,7 +52,12 @@ def lr_lambda(cfg: ActorConfig, horizon_steps: int):
 
 class TorchTrainingEngine:
     def __init__(
-        self, model_path: str | Path, cfg: ActorConfig, horizon_steps: int, temperature: float = 1.0, seed: int = 0
+        self,
+        model_path: str | Path,
+        cfg: ActorConfig,
+        horizon_steps: int,
+        temperature: float = 1.0,
+        seed: int = 0,
     ) -> None:
         torch.manual_seed(seed)
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
@@ -70,7 +75,9 @@ class TorchTrainingEngine:
     def _forward(self, micro_batch: Batch, with_entropy: bool) -> Batch:
         mask = micro_batch["attention_mask"]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=micro_batch["input_ids"], attention_mask=mask, position_ids=positions).logits
+        logits = self.model(
+            input_ids=micro_batch["input_ids"], attention_mask=mask, position_ids=positions
+        ).logits
         out = {"log_probs": token_log_probs(logits, micro_batch["input_ids"], self.temperature)}
         if with_entropy:
             out["entropy"] = token_entropy(logits, self.temperature)
@@ -82,12 +89,16 @@ class TorchTrainingEngine:
         self.model.eval()
         width = batch["input_ids"].shape[1]
         parts: dict[str, list[torch.Tensor]] = {}
-        for micro in split_micro_batches(batch, self.cfg.infer_micro_batch_size, self.cfg.max_tokens_per_micro_batch):
+        for micro in split_micro_batches(
+            batch, self.cfg.infer_micro_batch_size, self.cfg.max_tokens_per_micro_batch
+        ):
             for key, value in self._forward(micro, with_entropy).items():
                 parts.setdefault(key, []).append(torch.nn.functional.pad(value, (0, width - value.shape[1])))
         return {key: torch.cat(values) for key, values in parts.items()}
 
-    def forward_backward_batch(self, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> dict[str, object]:
+    def forward_backward_batch(
+        self, batch: Batch, loss_fn: LossFn | None, forward_only: bool
+    ) -> dict[str, object]:
         if forward_only:
             return dict(self.compute_log_probs(batch, with_entropy=self.cfg.entropy_coeff > 0))
         assert loss_fn is not None, "a training pass needs a loss_fn"
@@ -95,7 +106,9 @@ class TorchTrainingEngine:
         numerator_total = torch.zeros((), dtype=torch.float64)
         denominator_total = torch.zeros((), dtype=torch.float64)
         weighted: dict[str, float] = {}
-        micro_batches = split_micro_batches(batch, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+        micro_batches = split_micro_batches(
+            batch, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch
+        )
         for micro in micro_batches:
             numerator, denominator, metrics = loss_fn(self._forward(micro, self.cfg.entropy_coeff > 0), micro)
             numerator.backward()
@@ -104,13 +117,21 @@ class TorchTrainingEngine:
             tokens = float(micro["response_mask"].sum())
             for key, value in metrics.items():
                 weighted[key] = weighted.get(key, 0.0) + value * tokens
-        totals = torch.stack([numerator_total, denominator_total, torch.tensor(float(batch["response_mask"].sum()), dtype=torch.float64)])
+        totals = torch.stack(
+            [
+                numerator_total,
+                denominator_total,
+                torch.tensor(float(batch["response_mask"].sum()), dtype=torch.float64),
+            ]
+        )
         self._all_reduce_grads(totals)
         denominator = float(totals[1].clamp(min=1.0))
         for param in self.model.parameters():
             if param.grad is not None:
                 param.grad.div_(denominator)
-        out: dict[str, object] = {key: value / max(float(batch["response_mask"].sum()), 1.0) for key, value in weighted.items()}
+        out: dict[str, object] = {
+            key: value / max(float(batch["response_mask"].sum()), 1.0) for key, value in weighted.items()
+        }
         out["actor/loss"] = float(totals[0]) / denominator
         out["actor/num_micro_batches"] = float(len(micro_batches))
         return out

@@ -75,8 +75,16 @@ class WorkerPools:
             ray.remote(TrainerWorker)
             .options(name=f"trainer-{rank}", **common)
             .remote(
-                rank, world, model_path, config.actor.model_dump(), config.optimizer_horizon_steps,
-                config.rollout.temperature, config.run.seed, tq, address, config.actor.kl_loss,
+                rank,
+                world,
+                model_path,
+                config.actor.model_dump(),
+                config.optimizer_horizon_steps,
+                config.rollout.temperature,
+                config.run.seed,
+                tq,
+                address,
+                config.actor.kl_loss,
             )
             for rank in range(world)
         ]

@@ -39,10 +39,14 @@ class TrainerWorker:
         self.rank, self.world_size = rank, world_size
         if world_size > 1:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            dist.init_process_group("gloo", init_method=f"tcp://{dist_address}", rank=rank, world_size=world_size)
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://{dist_address}", rank=rank, world_size=world_size
+            )
         self.engine = TorchTrainingEngine(model_path, self.cfg, horizon_steps, temperature, seed)
         self.reference = (
-            TorchTrainingEngine(model_path, self.cfg, horizon_steps, temperature, seed) if with_reference else None
+            TorchTrainingEngine(model_path, self.cfg, horizon_steps, temperature, seed)
+            if with_reference
+            else None
         )
         self.pad_token_id = int(self.engine.tokenizer.pad_token_id)
         self.loss_fn = build_actor_loss_fn(self.cfg)
@@ -52,7 +56,9 @@ class TrainerWorker:
     def _records(self, partition: str, keys: list[str], fields: list[str]) -> list[dict[str, Any]]:
         return ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS + fields)) if keys else []
 
-    def compute_log_probs(self, partition: str, keys: list[str], out_field: str, reference: bool = False) -> int:
+    def compute_log_probs(
+        self, partition: str, keys: list[str], out_field: str, reference: bool = False
+    ) -> int:
         """Forward-only pass (old_log_prob or ref); writes ``out_field`` on each record."""
         if not keys:
             return 0

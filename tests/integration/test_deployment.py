@@ -51,11 +51,15 @@ def prefect_server(tmp_path: Path):
     log = (tmp_path / "server.log").open("w")
     server = subprocess.Popen(
         [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         health = f"http://127.0.0.1:{port}/api/health"
-        _wait_for(lambda: urllib.request.urlopen(health, timeout=2).status == 200, 180, "the Prefect server", server)
+        _wait_for(
+            lambda: urllib.request.urlopen(health, timeout=2).status == 200, 180, "the Prefect server", server
+        )
         yield env
     finally:
         server.terminate()
@@ -65,16 +69,36 @@ def prefect_server(tmp_path: Path):
 def test_deployment_run_trains(prefect_server: dict[str, str], small_run_yaml: Path, tmp_path: Path) -> None:
     env = {**prefect_server, "RL_TRAIN_RAY_TMPDIR": f"/tmp/rlt-dep-{os.getpid()}"}
     serve_log = (tmp_path / "serve.log").open("w")
-    serve = subprocess.Popen([str(BIN / "rl-train"), "serve"], env=env, stdout=serve_log, stderr=subprocess.STDOUT)
+    serve = subprocess.Popen(
+        [str(BIN / "rl-train"), "serve"], env=env, stdout=serve_log, stderr=subprocess.STDOUT
+    )
     try:
+
         def deployment_exists() -> bool:
-            out = subprocess.run([str(BIN / "prefect"), "deployment", "ls"], env=env, capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [str(BIN / "prefect"), "deployment", "ls"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             return "rl-train/sync" in out.stdout
 
         _wait_for(deployment_exists, 180, "deployment rl-train/sync", serve)
         run = subprocess.run(
-            [str(BIN / "prefect"), "deployment", "run", "rl-train/sync", "-p", f"config={small_run_yaml}", "--watch"],
-            env=env, capture_output=True, text=True, timeout=600,
+            [
+                str(BIN / "prefect"),
+                "deployment",
+                "run",
+                "rl-train/sync",
+                "-p",
+                f"config={small_run_yaml}",
+                "--watch",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert run.returncode == 0, run.stdout + run.stderr + (tmp_path / "serve.log").read_text()[-4000:]
         assert "Completed" in run.stdout + run.stderr

@@ -17,7 +17,9 @@ from rl_train.tasks import PHASES
 pytestmark = pytest.mark.integration
 
 
-def test_three_global_steps_through_prefect_and_ray(small_run_config: dict[str, Any], ray_local, prefect_harness) -> None:
+def test_three_global_steps_through_prefect_and_ray(
+    small_run_config: dict[str, Any], ray_local, prefect_harness
+) -> None:
     cfg = copy.deepcopy(small_run_config)
     cfg["actor"]["num_ranks"] = 2  # two DP ranks joined by gloo inside Ray actors
     cfg["actor"]["kl_loss"] = True
@@ -47,7 +49,9 @@ def test_three_global_steps_through_prefect_and_ray(small_run_config: dict[str, 
         assert all(r.state.is_completed() for r in steps)
         from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterFlowRunId
 
-        tasks = client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[steps[0].id])))
+        tasks = client.read_task_runs(
+            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[steps[0].id]))
+        )
         names = {t.name.rsplit("-", 1)[0] for t in tasks}
         assert set(PHASES) <= names, names
 
@@ -61,7 +65,9 @@ def test_sync_run_without_prefect_over_streaming_weight_sync(
 
     cfg = copy.deepcopy(small_run_config)
     cfg["trainer"].update(use_prefect=False, total_steps=2)
-    cfg["rollout"].update(num_replicas=2, weight_sync={"backend": backend, "transport": "shm", "bucket_size_bytes": 1 << 16})
+    cfg["rollout"].update(
+        num_replicas=2, weight_sync={"backend": backend, "transport": "shm", "bucket_size_bytes": 1 << 16}
+    )
     summary = run_training(Config.model_validate(cfg))
     metrics = read_metrics(summary["run_dir"])
     assert len(metrics) == 2 and all(f"timing/{p}" in metrics[0] for p in PHASES if p != "ref")

@@ -13,7 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_demo_config_loads_and_overrides_apply() -> None:
-    cfg = load_config(REPO / "configs" / "arith-tiny.yaml", ["trainer.total_steps=50", "actor.lr=3e-4", "run.name=x"])
+    cfg = load_config(
+        REPO / "configs" / "arith-tiny.yaml", ["trainer.total_steps=50", "actor.lr=3e-4", "run.name=x"]
+    )
     assert cfg.trainer.total_steps == 50
     assert cfg.actor.lr == pytest.approx(3e-4)
     assert cfg.run.name == "x"
@@ -43,7 +45,10 @@ def test_unknown_key_lists_the_allowed_ones() -> None:
 
 
 def test_contradictions_fail_before_anything_starts() -> None:
-    with pytest.raises(ConfigError, match=r"trainer.train_batch_size \(10\) must be divisible by trainer.parameter_sync_step \(4\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer.train_batch_size \(10\) must be divisible by trainer.parameter_sync_step \(4\)",
+    ):
         load_config(None, ["trainer.train_batch_size=10", "trainer.parameter_sync_step=4"])
     with pytest.raises(ConfigError, match="actor.kl_loss_coef"):
         load_config(None, ["actor.kl_loss=true"])
@@ -66,7 +71,9 @@ def test_every_field_has_a_docstring() -> None:
 
 
 def test_lr_horizon_counts_local_updates() -> None:
-    cfg = Config.model_validate({"trainer": {"total_steps": 10, "parameter_sync_step": 4, "train_batch_size": 8}})
+    cfg = Config.model_validate(
+        {"trainer": {"total_steps": 10, "parameter_sync_step": 4, "train_batch_size": 8}}
+    )
     assert cfg.optimizer_horizon_steps == 40
 
 

@@ -27,12 +27,17 @@ def test_builtin_tasks_have_correct_answers(tmp_path: Path) -> None:
 
 def test_malformed_rows_are_reported_with_file_row_and_column(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
-    rows = [{"prompt": "1+1=", "data_source": "arith", "ground_truth": "2"}, {"prompt": "2+2=", "data_source": "arith"}]
+    rows = [
+        {"prompt": "1+1=", "data_source": "arith", "ground_truth": "2"},
+        {"prompt": "2+2=", "data_source": "arith"},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(DatasetError, match=r"bad.jsonl:row 2: column 'ground_truth' is missing"):
         load_prompts([path])
     parquet = tmp_path / "bad.parquet"
-    pq.write_table(pa.Table.from_pylist([{"prompt": "", "data_source": "arith", "ground_truth": "1"}]), parquet)
+    pq.write_table(
+        pa.Table.from_pylist([{"prompt": "", "data_source": "arith", "ground_truth": "1"}]), parquet
+    )
     with pytest.raises(DatasetError, match=r"bad.parquet:row 1: column 'prompt' must be a non-empty string"):
         load_prompts([parquet])
     broken = tmp_path / "broken.jsonl"
@@ -45,8 +50,12 @@ def test_malformed_rows_are_reported_with_file_row_and_column(tmp_path: Path) ->
 
 def test_extra_columns_are_kept(tmp_path: Path) -> None:
     path = tmp_path / "ok.jsonl"
-    path.write_text(json.dumps({"prompt": "1+1=", "data_source": "arith", "ground_truth": 2, "difficulty": 3}))
-    assert load_prompts([path]) == [{"prompt": "1+1=", "data_source": "arith", "ground_truth": "2", "difficulty": 3}]
+    path.write_text(
+        json.dumps({"prompt": "1+1=", "data_source": "arith", "ground_truth": 2, "difficulty": 3})
+    )
+    assert load_prompts([path]) == [
+        {"prompt": "1+1=", "data_source": "arith", "ground_truth": "2", "difficulty": 3}
+    ]
 
 
 def test_loader_resumes_at_its_position() -> None:

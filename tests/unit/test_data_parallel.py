@@ -27,12 +27,14 @@ def _make_records(model_dir: Path) -> list[dict]:
     ]
     records = []
     for i, r in enumerate(engine.generate(requests, SamplingParams(1.0, 1.0, 6))):
-        records.append({
-            "prompt_ids": r.prompt_ids,
-            "response_ids": r.response_ids,
-            "old_log_probs": [x - 0.03 for x in r.log_probs],
-            "advantages": [(i % 4) - 1.5] * len(r.response_ids),
-        })
+        records.append(
+            {
+                "prompt_ids": r.prompt_ids,
+                "response_ids": r.response_ids,
+                "old_log_probs": [x - 0.03 for x in r.log_probs],
+                "advantages": [(i % 4) - 1.5] * len(r.response_ids),
+            }
+        )
     return records
 
 

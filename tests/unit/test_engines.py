@@ -20,7 +20,9 @@ from rl_train.storage.records import collate, scatter_response
 def _requests(engine: TorchRolloutEngine, count: int) -> list[GenerationRequest]:
     prompts = [f"{i % 10}+{(3 * i) % 10}=" if i % 3 else f"{i}+{i * 7}=" for i in range(count)]
     return [
-        GenerationRequest(str(i), [engine.tokenizer.bos_token_id, *engine.tokenizer.encode(p, add_special_tokens=False)])
+        GenerationRequest(
+            str(i), [engine.tokenizer.bos_token_id, *engine.tokenizer.encode(p, add_special_tokens=False)]
+        )
         for i, p in enumerate(prompts)
     ]
 
@@ -59,7 +61,9 @@ def test_rollout_log_probs_match_training_log_probs(tiny_model_dir, temperature:
 def _grads(engine: TorchTrainingEngine, batch, cfg: ActorConfig) -> tuple[dict[str, torch.Tensor], float]:
     engine.optimizer.zero_grad(set_to_none=True)
     metrics = engine.forward_backward_batch(batch, build_actor_loss_fn(cfg), forward_only=False)
-    return {n: p.grad.clone() for n, p in engine.model.named_parameters() if p.grad is not None}, metrics["actor/loss"]
+    return {n: p.grad.clone() for n, p in engine.model.named_parameters() if p.grad is not None}, metrics[
+        "actor/loss"
+    ]
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
@@ -74,7 +78,10 @@ def test_gradients_do_not_depend_on_the_micro_batch_split(tiny_model_dir, mode: 
     grads_1, loss_1 = _grads(TorchTrainingEngine(tiny_model_dir, whole, 10), batch, whole)
     engine_4 = TorchTrainingEngine(tiny_model_dir, split, 10)
     grads_4, loss_4 = _grads(engine_4, batch, split)
-    assert engine_4.forward_backward_batch(batch, build_actor_loss_fn(split), False)["actor/num_micro_batches"] == 4
+    assert (
+        engine_4.forward_backward_batch(batch, build_actor_loss_fn(split), False)["actor/num_micro_batches"]
+        == 4
+    )
     assert loss_1 == pytest.approx(loss_4, abs=1e-6)
     assert any(g.abs().max() > 0 for g in grads_1.values())
     for name, grad in grads_1.items():
@@ -98,7 +105,9 @@ def test_training_step_changes_weights_and_export_uses_hf_names(tiny_model_dir) 
     rollout = TorchRolloutEngine(tiny_model_dir)
     records = _records(rollout.generate(_requests(rollout, 8), SamplingParams(1.0, 1.0, 4)), advantages=True)
     before = {k: v.clone() for k, v in engine.export_weights()}
-    metrics = engine.train_batch(collate(records, 0, ["old_log_probs", "advantages"]), build_actor_loss_fn(cfg))
+    metrics = engine.train_batch(
+        collate(records, 0, ["old_log_probs", "advantages"]), build_actor_loss_fn(cfg)
+    )
     after = dict(engine.export_weights())
     assert set(before) == set(rollout.model.state_dict())
     assert metrics["actor/grad_norm"] > 0
@@ -125,7 +134,9 @@ def test_abort_returns_partial_results_without_crashing(tiny_model_dir) -> None:
     engine = TorchRolloutEngine(tiny_model_dir)
     engine.eos_token_id = -1  # never stop on EOS: the request runs until aborted or out of budget
     out: list = []
-    worker = threading.Thread(target=lambda: out.extend(engine.generate(_requests(engine, 4), SamplingParams(1.0, 1.0, 200))))
+    worker = threading.Thread(
+        target=lambda: out.extend(engine.generate(_requests(engine, 4), SamplingParams(1.0, 1.0, 200)))
+    )
     worker.start()
     deadline = time.time() + 20
     while engine._in_flight == 0 and time.time() < deadline:

@@ -14,7 +14,11 @@ from rl_train.tasks.balance import partition_by_tokens
 
 def test_prompt_status_follows_the_lifecycle() -> None:
     tq = TransferQueue()
-    tq.put("train", {"p0": {"prompt": "1+1="}, "p1": {"prompt": "2+2="}}, {k: {"kind": "prompt", "status": "pending"} for k in ("p0", "p1")})
+    tq.put(
+        "train",
+        {"p0": {"prompt": "1+1="}, "p1": {"prompt": "2+2="}},
+        {k: {"kind": "prompt", "status": "pending"} for k in ("p0", "p1")},
+    )
     tq.set_tags("train", {"p0": {"status": "running"}})
     assert tq.query("train", kind="prompt", status="pending") == ["p1"]
     tq.set_tags("train", {"p0": {"status": "finished"}})
@@ -30,7 +34,11 @@ def test_prompt_status_follows_the_lifecycle() -> None:
 
 def test_fields_batches_and_partitions() -> None:
     tq = TransferQueue()
-    tq.put("train", {"a/0": {"response_ids": [1, 2], "reward": 1.0}}, {"a/0": {"kind": "trajectory", "version": 3}})
+    tq.put(
+        "train",
+        {"a/0": {"response_ids": [1, 2], "reward": 1.0}},
+        {"a/0": {"kind": "trajectory", "version": 3}},
+    )
     tq.put("train", {"a/0": {"advantages": [0.5, 0.5]}})
     assert tq.get("train", ["a/0"], ["reward", "advantages"]) == [{"reward": 1.0, "advantages": [0.5, 0.5]}]
     with pytest.raises(KeyError, match="lacks field"):

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs into .venv and run it (the README's test command).
+# On a fresh machine this is all the set-up there is: CPU torch from its pinned wheel, the test
+# tools, the CPU build of Mooncake (and, as root, the libibverbs1 system library it loads).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null
+  else
+    echo "note: libibverbs1 is missing and this is not root: the Mooncake tests will be skipped" >&2
+  fi
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[cpu,test,mooncake-cpu]'
+
+export RAY_AUTH_MODE=disabled
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if [ "$status" = 5 ]; then
+  echo "pytest collected no tests: that is a broken run, not a green one" >&2
+  exit 1
+fi
+exit "$status"
