@@ -7,7 +7,12 @@ import json
 import os
 import sys
 
-from rl_train.config import ConfigError, config_to_yaml, describe_fields, load_config
+# Quiet defaults for Prefect, set before it is first imported; the user's own settings win.
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from rl_train.config import ConfigError, config_to_yaml, describe_fields, load_config  # noqa: E402
 
 EPILOG = """examples:
   rl-train train --config configs/arith-tiny.yaml trainer.total_steps=50
@@ -112,7 +117,6 @@ def _train(args: argparse.Namespace) -> int:
             config.trainer.use_prefect = False
             summary = run_training(config)
         else:
-            os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
             from rl_train.flows.train import train_flow
 
             summary = train_flow(resolved=config.model_dump(mode="json"))

@@ -85,3 +85,9 @@ def test_trainer_registry_rejects_a_second_class_under_one_name() -> None:
         @register_trainer("sync")
         class Impostor:  # noqa: F841
             pass
+
+
+def test_readme_config_reference_lists_every_field() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    missing = [path for path, _, _ in describe_fields() if f"`{path}`" not in readme]
+    assert not missing, f"README config reference lacks: {missing}"

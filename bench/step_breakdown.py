@@ -1,0 +1,87 @@
+"""Where a global step's time goes, and what Prefect costs on top of the phase functions.
+
+Builds one run (model, Ray pools, data) and runs global steps alternately through Prefect
+(a sub-flow whose phases are task runs) and with the same phase functions called directly,
+in the same process on the same pools, then prints the mean time of each phase and the ratio
+Prefect / direct. Alternating (P, D, P, D, ...) keeps drift on a noisy machine from favouring
+either side.
+
+    python -m rl_train.bench.step_breakdown                      # the demo config
+    python -m rl_train.bench.step_breakdown --preset heavy       # a step of 5 s or more
+    python -m rl_train.bench.step_breakdown --steps 6 rollout.n=32
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from rl_train.config import load_config  # noqa: E402
+from rl_train.flows.step import execute_global_step  # noqa: E402
+from rl_train.flows.train import build_trainer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = {
+    "demo": [],
+    # Bigger batches and longer answers: a step of several seconds, where a fixed per-step
+    # orchestration cost should vanish in the noise.
+    "heavy": [
+        "trainer.train_batch_size=128",
+        "rollout.n=16",
+        "rollout.max_new_tokens=8",
+        "data.builtin_task=multi_digit_sum",
+        "data.data_dir=data/multi_digit_sum",
+    ],
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(REPO / "configs" / "arith-tiny.yaml"))
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="demo")
+    parser.add_argument("--steps", type=int, default=8, help="steps per side (after one warm-up step each)")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    overrides = [*PRESETS[args.preset], "trainer.val_before_train=false", "run.name=bench-steps", *args.overrides]
+    config = load_config(args.config, overrides)
+    config.trainer.total_steps = 2 * (args.steps + 1)
+    trainer = build_trainer(config)
+    trainer.init()
+    timings: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    try:
+        step = 0
+        for round_no in range(args.steps + 1):
+            for use_prefect in (True, False):
+                step += 1
+                started = time.perf_counter()
+                metrics = execute_global_step(trainer.run_id, step, use_prefect)
+                metrics["timing/step"] = time.perf_counter() - started
+                if round_no > 0:  # the first round warms both paths up
+                    timings[use_prefect].append(metrics)
+    finally:
+        trainer.teardown()
+    _report(timings, args.preset)
+
+
+def _report(timings: dict[bool, list[dict[str, float]]], preset: str) -> None:
+    keys = sorted({k for m in timings[False] for k in m if k.startswith("timing/") and "/weight_sync/" not in k})
+    print(f"\nstep breakdown ({preset} preset, {len(timings[True])} steps per side), mean seconds")
+    print(f"{'phase':<24}{'prefect':>10}{'direct':>10}{'ratio':>8}")
+    for key in keys:
+        p = statistics.mean(m.get(key, 0.0) for m in timings[True])
+        d = statistics.mean(m.get(key, 0.0) for m in timings[False])
+        print(f"{key.removeprefix('timing/'):<24}{p:>10.3f}{d:>10.3f}{(p / d if d else float('nan')):>8.2f}")
+    p = statistics.median(m["timing/step"] for m in timings[True])
+    d = statistics.median(m["timing/step"] for m in timings[False])
+    print(f"\nmedian step: prefect {p:.3f} s, direct {d:.3f} s -> ratio prefect/direct = {p / d:.3f}")
+
+
+if __name__ == "__main__":
+    main()
