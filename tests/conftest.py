@@ -44,6 +44,7 @@ def ray_local():
 
     temp_dir = tempfile.mkdtemp(prefix="rlt-ray-", dir="/tmp")
     os.environ["RL_TRAIN_RAY_TMPDIR"] = temp_dir
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, logging_level="WARNING")
     yield ray

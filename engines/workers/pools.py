@@ -30,6 +30,9 @@ def ensure_ray(address: str | None, num_cpus: int | None) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray starts workers at nice 15; the actors *are* the compute here, so without this the
+    # driver's bookkeeping (Prefect's API server among it) preempts the training itself.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING"}
     if address:
         if address == "auto":
@@ -84,7 +87,7 @@ class WorkerPools:
                 config.run.seed,
                 tq,
                 address,
-                config.actor.kl_loss,
+                config.actor.kl_loss or config.algorithm.kl_in_reward,  # needs the reference model
             )
             for rank in range(world)
         ]
