@@ -14,14 +14,13 @@ either side.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from pathlib import Path
 
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+from rl_train.runtime import apply_local_defaults
+
+apply_local_defaults()
 
 from rl_train.config import load_config  # noqa: E402
 from rl_train.flows.step import execute_global_step  # noqa: E402
@@ -43,13 +42,20 @@ PRESETS = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default=str(REPO / "configs" / "arith-tiny.yaml"))
     parser.add_argument("--preset", choices=sorted(PRESETS), default="demo")
     parser.add_argument("--steps", type=int, default=8, help="steps per side (after one warm-up step each)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    overrides = [*PRESETS[args.preset], "trainer.val_before_train=false", "run.name=bench-steps", *args.overrides]
+    overrides = [
+        *PRESETS[args.preset],
+        "trainer.val_before_train=false",
+        "run.name=bench-steps",
+        *args.overrides,
+    ]
     config = load_config(args.config, overrides)
     config.trainer.total_steps = 2 * (args.steps + 1)
     trainer = build_trainer(config)
@@ -71,7 +77,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _report(timings: dict[bool, list[dict[str, float]]], preset: str) -> None:
-    keys = sorted({k for m in timings[False] for k in m if k.startswith("timing/") and "/weight_sync/" not in k})
+    keys = sorted(
+        {k for m in timings[False] for k in m if k.startswith("timing/") and "/weight_sync/" not in k}
+    )
     print(f"\nstep breakdown ({preset} preset, {len(timings[True])} steps per side), mean seconds")
     print(f"{'phase':<24}{'prefect':>10}{'direct':>10}{'ratio':>8}")
     for key in keys:

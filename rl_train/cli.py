@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-# Quiet defaults for Prefect, set before it is first imported; the user's own settings win.
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+from rl_train.runtime import apply_local_defaults
+
+apply_local_defaults()  # before Prefect is first imported; the user's own settings win
 
 from rl_train.config import ConfigError, config_to_yaml, describe_fields, load_config  # noqa: E402
 
