@@ -46,7 +46,7 @@ def run_global_step(run_id: str, step: int, direct: bool) -> dict[str, float]:
         metrics.update(run(tasks.reward, run_id, batch_id))
         metrics.update(run(tasks.balance, run_id, batch_id))
         run(tasks.old_log_prob, run_id, batch_id)
-        if cfg.actor.kl_loss:
+        if cfg.actor.kl_loss or cfg.algorithm.kl_in_reward:
             run(tasks.ref, run_id, batch_id)
         metrics.update(run(tasks.advantage, run_id, batch_id))
         metrics.update(run(tasks.update, run_id, batch_id))

@@ -5,14 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import ray
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rl_train.algorithms.advantage import ADV_ESTIMATORS, AdvantageInputs
-from rl_train.algorithms.reward_placement import place_on_last_token
 from rl_train.tasks.balance import partition_by_tokens
 from rl_train.tasks.context import get_run
+from rl_train.tasks.correction import AdvantagePhase, bypass_old_log_probs
 
 # Results are keys and small dicts: nothing to cache or persist by default (Prefect stays cheap).
 phase_task = task(cache_policy=NO_CACHE, persist_result=False)
@@ -81,8 +79,17 @@ def _forward_pass(run_id: str, batch_id: str, out_field: str, reference: bool) -
 
 @phase_task(name="old_log_prob")
 def old_log_prob(run_id: str, batch_id: str) -> None:
-    """(4) pi_old log-probs, recomputed by the training engine (R-7.1)."""
-    _forward_pass(run_id, batch_id, "old_log_probs", reference=False)
+    """(4) pi_old log-probs, recomputed by the training engine, or copied in bypass_mode (R-7.1)."""
+    ctx = get_run(run_id)
+    if not ctx.config.algorithm.rollout_correction.bypass_mode:
+        _forward_pass(run_id, batch_id, "old_log_probs", reference=False)
+        return
+    keys = _batch(ctx, batch_id)["keys"]
+    records = ray.get(ctx.pools.tq.get.remote("train", keys))
+    values = bypass_old_log_probs(records)
+    ray.get(
+        ctx.pools.tq.put.remote("train", {k: {"old_log_probs": v} for k, v in zip(keys, values, strict=True)})
+    )
 
 
 @phase_task(name="ref")
@@ -93,27 +100,15 @@ def ref(run_id: str, batch_id: str) -> None:
 
 @phase_task(name="advantage")
 def advantage(run_id: str, batch_id: str) -> dict[str, float]:
-    """(7) Token-level rewards -> advantages with the configured estimator."""
+    """(6-7) Rollout correction (IS/RS, ``rollout_corr/*``), token rewards (+ in-reward KL), advantages."""
     ctx = get_run(run_id)
+    phase = ctx.extra.get("advantage_phase")
+    if phase is None:  # built once per run: the adaptive KL beta and the runbook trends persist
+        phase = ctx.extra["advantage_phase"] = AdvantagePhase.from_config(ctx.config.algorithm)
     keys = _batch(ctx, batch_id)["keys"]
-    records = ray.get(ctx.pools.tq.get.remote("train", keys, ["reward", "group_id", "response_ids"]))
-    width = max((len(r["response_ids"]) for r in records), default=1)
-    mask = torch.zeros((len(records), width))
-    for i, record in enumerate(records):
-        mask[i, : len(record["response_ids"])] = 1.0
-    scores = torch.tensor([float(r["reward"]) for r in records])
-    inputs = AdvantageInputs(place_on_last_token(scores, mask), mask, [r["group_id"] for r in records])
-    advantages, _ = ADV_ESTIMATORS.get(ctx.config.algorithm.adv_estimator)(inputs, ctx.config.algorithm)
-    values = {
-        k: advantages[i, : len(r["response_ids"])].tolist()
-        for i, (k, r) in enumerate(zip(keys, records, strict=True))
-    }
-    ray.get(ctx.pools.tq.put.remote("train", {k: {"advantages": v} for k, v in values.items()}))
-    graded = advantages[mask > 0]
-    return {
-        "advantage/mean": float(graded.mean()) if graded.numel() else 0.0,
-        "advantage/abs_mean": float(graded.abs().mean()) if graded.numel() else 0.0,
-    }
+    updates, metrics = phase.compute(ray.get(ctx.pools.tq.get.remote("train", keys)))
+    ray.get(ctx.pools.tq.put.remote("train", dict(zip(keys, updates, strict=True))))
+    return metrics
 
 
 @phase_task(name="update")

@@ -17,6 +17,8 @@ from rl_train.engines.weight_sync.boundaries import run_sender
 from rl_train.storage.records import collate, scatter_response
 
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
+OPTIONAL_TOKEN_FIELDS = ["rollout_is_weights"]
+"""Per-token fields the advantage phase writes only when configured (IS weights multiply the policy loss)."""
 
 
 class TrainerWorker:
@@ -77,7 +79,14 @@ class TrainerWorker:
         driver fixes ``num_mini_batches`` for all ranks.
         """
         fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if self.cfg.kl_loss else [])
-        records = self._records(partition, keys, fields)
+        # Whole records: collate also reads the RS-edited response_mask when the advantage phase wrote one.
+        records = ray.get(self.tq.get.remote(partition, keys)) if keys else []
+        missing = [f for f in TRAJECTORY_FIELDS + fields if records and f not in records[0]]
+        if missing:
+            raise KeyError(
+                f"update needs per-token field(s) {missing}; the earlier phases did not write them"
+            )
+        fields += [f for f in OPTIONAL_TOKEN_FIELDS if records and f in records[0]]
         sums: dict[str, float] = {}
         steps = 0
         for _ in range(self.cfg.ppo_epochs):

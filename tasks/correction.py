@@ -1,0 +1,123 @@
+"""The advantage phase's pure part: TransferQueue records in, per-record field updates out.
+
+Records hold response-only per-token lists (``rollout_log_probs``, ``old_log_probs``, optional
+``ref_log_probs`` and ``response_mask``) plus a scalar ``reward`` and a ``group_id``. Per step:
+
+1. rollout correction (R-7.4-7.6) against the rollout engine's log-probs: RS edits the response
+   mask, IS yields per-token weights for the policy loss, and ``rollout_corr/*`` metrics come
+   out every step (whenever rollout log-probs exist, even with IS and RS off);
+2. the outcome reward on the last response token, minus ``beta * KL(old || ref)`` per kept token
+   when ``algorithm.kl_in_reward`` is on (fixed or adaptive controller, state kept across steps);
+3. the registered advantage estimator, its result zeroed outside the RS mask.
+
+Like verl, a rejected token or sequence keeps its outcome reward in the estimator's input, so a
+rejected sample still counts in its group's baseline; it is only its own advantage (and so its
+gradient) that RS removes. Everything here is torch on small tensors; no Ray, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rl_train.algorithms.advantage import ADV_ESTIMATORS, AdvantageFn, AdvantageInputs
+from rl_train.algorithms.config import AlgorithmConfig
+from rl_train.algorithms.kl_controller import KLController, apply_kl_penalty_to_rewards, build_kl_controller
+from rl_train.algorithms.reward_placement import place_on_last_token
+from rl_train.algorithms.rollout_correction import (
+    RolloutCorrectionPlan,
+    bypass_old_log_prob,
+    compute_rollout_correction,
+)
+from rl_train.algorithms.rollout_metrics import RunbookMonitor
+
+
+@dataclass
+class AdvantagePhase:
+    """Everything the advantage phase decides once per run, and the state it keeps across steps."""
+
+    estimator: AdvantageFn
+    algorithm: AlgorithmConfig
+    correction: RolloutCorrectionPlan
+    kl_controller: KLController | None
+    """Set only with ``algorithm.kl_in_reward``; adaptive controllers carry beta across steps."""
+    kl_penalty: str
+    monitor: RunbookMonitor = field(default_factory=RunbookMonitor)
+    """R-10.3 runbook warnings; one per run so that "rising" trends span steps."""
+
+    @classmethod
+    def from_config(cls, algorithm: AlgorithmConfig) -> AdvantagePhase:
+        return cls(
+            estimator=ADV_ESTIMATORS.get(algorithm.adv_estimator),
+            algorithm=algorithm,
+            correction=RolloutCorrectionPlan.from_config(algorithm.rollout_correction),
+            kl_controller=build_kl_controller(algorithm.kl_ctrl) if algorithm.kl_in_reward else None,
+            kl_penalty=algorithm.kl_penalty,
+        )
+
+    def compute(self, records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """-> (fields to write back, one dict per record; metrics). See the module docstring."""
+        mask = pad_response(records, "response_mask", fill=1.0)
+        old = pad_response(records, "old_log_probs")
+        weights, kept, metrics = compute_rollout_correction(
+            old, optional_field(records, "rollout_log_probs"), mask, self.correction
+        )
+        scores = torch.tensor([float(r["reward"]) for r in records])
+        rewards = place_on_last_token(scores, mask)
+        if self.kl_controller is not None:
+            ref = optional_field(records, "ref_log_probs")
+            if ref is None:
+                raise ValueError("algorithm.kl_in_reward needs ref_log_probs: the ref phase must run first")
+            rewards, kl_metrics = apply_kl_penalty_to_rewards(
+                rewards, old, ref, kept, self.kl_controller, self.kl_penalty
+            )
+            metrics.update(kl_metrics)
+        inputs = AdvantageInputs(rewards, mask, [r["group_id"] for r in records])
+        advantages = self.estimator(inputs, self.algorithm)[0] * kept
+        updates: list[dict[str, Any]] = [{"advantages": a} for a in unpad_response(advantages, records)]
+        if self.correction.rs_rules:
+            for update, m in zip(updates, unpad_response(kept, records), strict=True):
+                update["response_mask"] = m
+        if weights is not None:
+            for update, w in zip(updates, unpad_response(weights, records), strict=True):
+                update["rollout_is_weights"] = w
+        graded = advantages[kept > 0]
+        metrics["advantage/mean"] = float(graded.mean()) if graded.numel() else 0.0
+        metrics["advantage/abs_mean"] = float(graded.abs().mean()) if graded.numel() else 0.0
+        self.monitor.check(metrics)
+        return updates, metrics
+
+
+def bypass_old_log_probs(records: Sequence[dict[str, Any]]) -> list[list[float]]:
+    """bypass_mode (R-7.1): each record's rollout log-probs, to be stored as its old_log_probs."""
+    rollout = optional_field(records, "rollout_log_probs")
+    return unpad_response(bypass_old_log_prob(rollout), records)
+
+
+def optional_field(records: Sequence[dict[str, Any]], name: str) -> torch.Tensor | None:
+    """``pad_response`` of a field every record has, or None when any record lacks it."""
+    if any(r.get(name) is None or len(r[name]) != len(r["response_ids"]) for r in records):
+        return None
+    return pad_response(records, name)
+
+
+def pad_response(records: Sequence[dict[str, Any]], name: str, fill: float | None = None) -> torch.Tensor:
+    """[B, T] float: each record's response-only list, right-padded with zeros.
+
+    With ``fill``, a record without the field gets ``fill`` on its response tokens.
+    """
+    width = max((len(r["response_ids"]) for r in records), default=1)
+    out = torch.zeros((len(records), width))
+    for i, record in enumerate(records):
+        length = len(record["response_ids"])
+        values = record.get(name) if fill is not None else record[name]
+        out[i, :length] = torch.as_tensor(values if values is not None else [fill] * length, dtype=out.dtype)
+    return out
+
+
+def unpad_response(values: torch.Tensor, records: Sequence[dict[str, Any]]) -> list[list[float]]:
+    """The inverse of ``pad_response``: each row cut back to its record's response length."""
+    return [values[i, : len(r["response_ids"])].tolist() for i, r in enumerate(records)]
