@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, model_validator
 from rl_train.algorithms.config import AlgorithmConfig, StrictModel
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.weight_sync.config import WeightSyncConfig
+from rl_train.storage.replay_config import ReplayConfig
 
 
 class RunConfig(StrictModel):
@@ -118,6 +119,8 @@ class Config(StrictModel):
     """Advantage estimator and algorithm knobs."""
     reward: RewardConfig = Field(default_factory=RewardConfig)
     """Reward pool."""
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    """Replay buffer: staleness control, group filter, prefetch, custom sampler."""
     ray: RayConfig = Field(default_factory=RayConfig)
     """Ray placement."""
 

@@ -1,0 +1,28 @@
+"""Calling a storage or worker object the same way whether it is a Ray actor or a plain object.
+
+The replay buffers talk to the TransferQueue and the rollout replicas through these two
+functions, so unit tests drive them with a plain ``TransferQueue`` and no Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+
+def call(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Call ``method`` and wait for its result."""
+    bound = getattr(handle, method)
+    remote = getattr(bound, "remote", None)
+    return ray.get(remote(*args, **kwargs)) if remote is not None else bound(*args, **kwargs)
+
+
+def cast(handle: Any, method: str, *args: Any, **kwargs: Any) -> None:
+    """Call ``method`` without waiting (a Ray actor runs it in submission order for this caller)."""
+    bound = getattr(handle, method)
+    remote = getattr(bound, "remote", None)
+    if remote is not None:
+        remote(*args, **kwargs)
+    else:
+        bound(*args, **kwargs)

@@ -1,0 +1,246 @@
+"""The async modes' replay buffer (R-2.9, R-7.2, R-7.3, R-9.4).
+
+Dispatch never waits: prompts go into the TransferQueue as ``pending`` records, one group
+at a time, and are queued on a rollout replica that generates in the background. The buffer
+keeps a fixed number of groups outstanding (``prefetch_batches`` batches beyond the one
+being sampled); every group that leaves (sampled, evicted) is replaced by exactly one new
+draw, so the refill accounting is exact: an evicted group costs one refill, not two.
+
+Staleness comes from the tokens' actual weight versions, never from the dispatch step: a
+partial rollout continued under new weights is as old as its oldest token. Weight version
+``v`` is the one pushed at the end of global step ``v``, so the trainer of step ``k`` holds
+``k - 1`` and a group's staleness is ``(k - 1) - min token version``: 0 when on-policy (the
+spec's ``current - version + 1`` counts from versions numbered one higher). Prompts that
+have no tokens yet are as old as the version served when they were dispatched.
+
+- ``drop``: finished groups above ``max_off_policy_threshold`` are evicted and refilled.
+- ``wait``: sampling blocks while any pending/running prompt has reached the threshold;
+  nothing is evicted for staleness.
+- DAPO filter (opt-in): groups without gradient (R-7.3) are evicted and refilled.
+- Groups are sampled oldest first (oldest token version, then dispatch order).
+- Only the ``train`` partition is read or evicted; validation records are never touched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+from rl_train.algorithms.group_filter import classify_groups
+from rl_train.storage.dataset import PromptLoader
+from rl_train.storage.handles import call, cast
+from rl_train.storage.replay_config import ReplayConfig
+
+PARTITION = "train"
+
+
+class SampleTimeoutError(TimeoutError):
+    """Not enough finished groups arrived within ``replay.sample_timeout_seconds``."""
+
+
+def load_sampler_class(spec: str) -> type:
+    """``package.module:ClassName`` (or ``package.module.ClassName``) -> the class."""
+    module_name, sep, name = spec.partition(":")
+    if not sep:
+        module_name, _, name = spec.rpartition(".")
+    if not module_name or not name:
+        raise ValueError(f"replay.sampler {spec!r}: expected 'package.module:ClassName'")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"replay.sampler {spec!r} cannot be loaded: {exc}") from exc
+
+
+class ReplayBufferAsync:
+    def __init__(
+        self,
+        tq: Any,
+        rollouts: list[Any],
+        loader: PromptLoader,
+        n: int,
+        sampling: dict[str, Any],
+        config: ReplayConfig | None = None,
+        rewards: list[Any] | None = None,
+    ) -> None:
+        self.tq, self.rollouts, self.loader, self.n, self.sampling = tq, rollouts, loader, n, sampling
+        self.cfg = config or ReplayConfig()
+        self.rewards = rewards or []
+        self._target = 0
+        self._next_replica = 0
+        self._sampled: set[str] = set()
+        self._versions: dict[str, int] = {}
+        self._has_gradient: dict[str, bool] = {}
+        self._counts: Counter[str] = Counter()
+        self._staleness: list[int] = []
+        self._wait_seconds = 0.0
+        self._depth = 0
+
+    # -- dispatch ------------------------------------------------------------------------
+    def dispatch(self, num_groups: int, step: int) -> list[str]:
+        """Top up the groups outstanding to ``num_groups * (1 + prefetch_batches)``; never waits."""
+        self._target = max(self._target, num_groups * (1 + self.cfg.prefetch_batches))
+        return self._top_up(step)
+
+    def _outstanding(self) -> list[str]:
+        return [k for k in call(self.tq, "query", PARTITION, kind="prompt") if k not in self._sampled]
+
+    def _top_up(self, step: int) -> list[str]:
+        missing = self._target - len(self._outstanding())
+        return [self._draw_one(step) for _ in range(max(missing, 0))]
+
+    def _draw_one(self, step: int) -> str:
+        """One prompt group: a pending record tagged with the version rollout serves now."""
+        index, row = self.loader.next()
+        key = f"p{index}"
+        tags = {"kind": "prompt", "status": "pending", "step": step, "version": step - 1}
+        call(self.tq, "put", PARTITION, {key: dict(row, prompt_step=step)}, {key: tags})
+        self._enqueue(key)
+        self._counts["dispatched"] += 1
+        return key
+
+    def _enqueue(self, key: str) -> None:
+        replica = self.rollouts[self._next_replica % len(self.rollouts)]
+        self._next_replica += 1
+        cast(replica, "enqueue", PARTITION, [key], self.n, self.sampling)
+
+    # -- sample --------------------------------------------------------------------------
+    def sample(self, num_groups: int, step: int) -> str:
+        """Wait for ``num_groups`` sampleable groups (oldest first); returns the batch id."""
+        self._target = max(self._target, num_groups * (1 + self.cfg.prefetch_batches))
+        started = time.monotonic()
+        while True:
+            ready, blocked = self._scan(step)
+            if not blocked and len(ready) >= num_groups:
+                break
+            waited = time.monotonic() - started
+            if waited > self.cfg.sample_timeout_seconds:
+                raise SampleTimeoutError(
+                    f"replay buffer: {len(ready)} of {num_groups} groups ready after {waited:.1f}s"
+                    + (" (waiting on a prompt at the staleness limit)" if blocked else "")
+                )
+            time.sleep(self.cfg.poll_interval_seconds)
+        self._wait_seconds += time.monotonic() - started
+        groups = ready[:num_groups]
+        self._sampled.update(groups)
+        self._staleness += [(step - 1) - self._versions[g] for g in groups]
+        self._depth = len(ready) - num_groups
+        keys = [f"{g}/{j}" for g in groups for j in range(self.n)]
+        batch_id = f"step{step}-{uuid.uuid4().hex[:8]}"
+        call(self.tq, "put_batch", batch_id, PARTITION, keys, groups=groups, step=step)
+        return batch_id
+
+    def _scan(self, step: int) -> tuple[list[str], bool]:
+        """Evict what must go, refill it, and return (sampleable groups oldest first, blocked)."""
+        keys = self._outstanding()
+        tags = call(self.tq, "get_tags", PARTITION, keys)
+        trainer_version = step - 1
+        limit = self.cfg.max_off_policy_threshold
+        finished, failed, blocked = [], [], False
+        for key, tag in zip(keys, tags, strict=True):
+            if tag["status"] == "finished":
+                finished.append(key)
+            elif tag["status"] == "failure":
+                failed.append(key)
+            elif self.cfg.staleness_strategy == "wait":
+                blocked |= trainer_version - tag.get("version", trainer_version) >= limit
+        evicted = self._handle_failed(failed)
+        versions = self._group_versions(finished)
+        if self.cfg.staleness_strategy == "drop":
+            stale = [k for k in finished if trainer_version - versions[k] > limit]
+            evicted += self._evict(stale, "staleness")
+        ready = [k for k in finished if k in self._versions]
+        if self.cfg.filter_groups:
+            no_gradient = [k for k, ok in self._classify(ready).items() if not ok]
+            evicted += self._evict(no_gradient, "filter")
+            ready = [k for k in ready if k in self._versions]
+        if evicted:
+            self._counts["refill"] += len(self._top_up(step))
+        order = {k: i for i, k in enumerate(keys)}
+        return sorted(ready, key=lambda k: (self._versions[k], order[k])), blocked
+
+    def _trajectory_keys(self, groups: list[str]) -> list[str]:
+        return [f"{g}/{j}" for g in groups for j in range(self.n)]
+
+    def _group_versions(self, groups: list[str]) -> dict[str, int]:
+        """Oldest token version of each finished group (from its trajectories' version tags)."""
+        new = [g for g in groups if g not in self._versions]
+        if new:
+            tags = call(self.tq, "get_tags", PARTITION, self._trajectory_keys(new))
+            for i, group in enumerate(new):
+                self._versions[group] = min(t["version"] for t in tags[i * self.n : (i + 1) * self.n])
+        return {g: self._versions[g] for g in groups}
+
+    def _classify(self, groups: list[str]) -> dict[str, bool]:
+        """group -> has gradient (R-7.3); groups are scored once, on the reward pool if needed."""
+        new = [g for g in groups if g not in self._has_gradient]
+        if new:
+            keys = self._trajectory_keys(new)
+            records = call(self.tq, "get", PARTITION, keys)
+            if any("reward" not in r for r in records):
+                shards = [keys[i :: len(self.rewards)] for i in range(len(self.rewards))]
+                for worker, shard in zip(self.rewards, shards, strict=True):
+                    if shard:
+                        call(worker, "score", PARTITION, shard)
+                records = call(self.tq, "get", PARTITION, keys)
+            verdict = classify_groups(
+                [float(r["reward"]) for r in records],
+                [r["group_id"] for r in records],
+                [bool(r.get("is_infra", False)) for r in records],
+            )
+            self._has_gradient.update({g: verdict.get(g, False) for g in new})
+        return {g: self._has_gradient[g] for g in groups}
+
+    def _handle_failed(self, groups: list[str]) -> int:
+        """Evict failed groups (refilled), or retry the same prompts when refill is off."""
+        if self.cfg.refill_failed_groups:
+            return self._evict(groups, "failure")
+        for group in groups:
+            existing = set(call(self.tq, "query", PARTITION, group_id=group))
+            call(self.tq, "delete", PARTITION, [k for k in self._trajectory_keys([group]) if k in existing])
+            call(self.tq, "set_tags", PARTITION, {group: {"status": "pending", "partial": False}})
+            self._enqueue(group)
+            self._counts["retried_failure"] += 1
+        return 0
+
+    def _evict(self, groups: list[str], reason: str) -> int:
+        if groups:
+            call(self.tq, "delete", PARTITION, groups + self._trajectory_keys(groups))
+            for group in groups:
+                self._versions.pop(group, None)
+                self._has_gradient.pop(group, None)
+            self._counts[f"evicted_{reason}"] += len(groups)
+        return len(groups)
+
+    # -- after training ------------------------------------------------------------------
+    def release(self, batch_id: str) -> None:
+        """Forget a trained batch: its trajectories and prompts leave the queue."""
+        batch = call(self.tq, "get_batch", batch_id)
+        call(self.tq, "delete", PARTITION, batch["groups"])
+        call(self.tq, "drop_batch", batch_id)
+        for group in batch["groups"]:
+            self._sampled.discard(group)
+            self._versions.pop(group, None)
+            self._has_gradient.pop(group, None)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Staleness, eviction, refill and waiting figures since the last call (R-7.6)."""
+        stale = self._staleness or [0]
+        metrics = {
+            "replay/staleness_mean": sum(stale) / len(stale),
+            "replay/staleness_max": float(max(stale)),
+            "replay/queue_depth": float(self._depth),
+            "replay/sample_wait_seconds": self._wait_seconds,
+        }
+        for name in ("evicted_staleness", "evicted_filter", "evicted_failure", "refill", "retried_failure"):
+            metrics[f"replay/{name}"] = float(self._counts[name])
+        for value in range(max(stale) + 1):
+            metrics[f"replay/staleness_hist/{value}"] = float(stale.count(value))
+        self._counts = Counter(dispatched=self._counts["dispatched"])
+        self._staleness, self._wait_seconds = [], 0.0
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loader_position": self.loader.position, "dispatched": self._counts["dispatched"]}

@@ -1,0 +1,31 @@
+"""``replay.*``: the replay buffer of the async modes (R-2.9, R-7.2, R-7.3, R-9.4).
+
+The sync mode's buffer ignores these knobs except ``sampler``; staleness is 0 there.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rl_train.algorithms.config import StrictModel
+
+
+class ReplayConfig(StrictModel):
+    max_off_policy_threshold: int = Field(8, ge=0)
+    """Staleness limit in weight versions (R-7.2): drop evicts finished groups above it; wait blocks at it."""
+    staleness_strategy: Literal["drop", "wait"] = "drop"
+    """drop: evict stale finished groups and refill; wait: block sampling while an in-flight prompt is at the limit."""
+    filter_groups: bool = False
+    """DAPO group filter (R-7.3): evict groups whose valid scores all agree (no gradient) and refill them."""
+    refill_failed_groups: bool = False
+    """Evict failed groups and draw fresh prompts for them (off: a failed prompt is retried as it is)."""
+    prefetch_batches: int = Field(1, ge=0)
+    """Batches kept in flight beyond the one being sampled (the warm-up dispatch of the async modes)."""
+    sample_timeout_seconds: float = Field(300.0, gt=0)
+    """Longest a sample may wait for enough finished groups before it fails."""
+    poll_interval_seconds: float = Field(0.02, gt=0)
+    """How often a waiting sample re-reads the TransferQueue tags."""
+    sampler: str | None = None
+    """Custom replay buffer class as 'package.module:ClassName' (None: the mode's own buffer, R-2.9)."""
