@@ -11,6 +11,8 @@ QUIET = {
     "RAY_AUTH_MODE": "disabled",
     "RAY_worker_niceness": "0",
     "TOKENIZERS_PARALLELISM": "false",
+    # The throwaway API server can take well over its default 20 s to start on a loaded 2-core box.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
 }
 
 # With no PREFECT_API_URL, Prefect starts a temporary local server for this process. Its

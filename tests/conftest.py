@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from rl_train.runtime import apply_local_defaults  # noqa: E402
+
+apply_local_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
