@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_train.runtime import apply_local_defaults  # noqa: E402
+from rl_train.runtime import apply_local_defaults
 
 apply_local_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
