@@ -1,0 +1,135 @@
+"""How many global steps each algorithm needs to learn the demo task (arithmetic, CPU).
+
+Runs the demo training (``configs/arith-tiny.yaml`` through ``run_training``, phases called
+directly, no Prefect) once per variant, one after the other, and stops a run as soon as the
+training ``reward/mean`` averaged over the last ``--window`` steps reaches ``--target``, or at
+``--max-steps``. Prints one row per variant: steps to the target (or the best windowed mean
+reached), and wall seconds including start-up. The steps are read back from the run's
+``metrics.jsonl``.
+
+    python -m rl_train.bench.convergence                         # all variants
+    python -m rl_train.bench.convergence --variants grpo gspo --max-steps 300
+    python -m rl_train.bench.convergence actor.lr=0.003          # overrides apply to every variant
+
+Early stop: the check runs in the trainer's ``on_step_begin`` hook (patched for the duration of
+the run), so every finished step is already in ``metrics.jsonl`` when the run is cut short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from rl_train.config import load_config  # noqa: E402
+from rl_train.flows.registry import get_trainer_class  # noqa: E402
+from rl_train.flows.train import run_training  # noqa: E402
+from rl_train.storage.metrics import read_metrics  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = {
+    "grpo": ["algorithm.adv_estimator=grpo", "actor.policy_loss=vanilla"],
+    "rloo": ["algorithm.adv_estimator=rloo", "actor.policy_loss=vanilla"],
+    "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus", "actor.policy_loss=vanilla"],
+    "gspo": ["algorithm.adv_estimator=grpo", "actor.policy_loss=gspo"],
+}
+
+
+class TargetReached(Exception):
+    """Raised at the start of a step once the previous steps met the target."""
+
+
+def windowed_means(history: list[dict[str, Any]], window: int) -> list[tuple[int, float]]:
+    """(step, mean reward/mean over that step and the window - 1 before it), for full windows."""
+    rewards = [float(m["reward/mean"]) for m in history]
+    return [
+        (history[i]["step"], sum(rewards[i + 1 - window : i + 1]) / window)
+        for i in range(window - 1, len(rewards))
+    ]
+
+
+def steps_to_target(history: list[dict[str, Any]], target: float, window: int) -> int | None:
+    return next((step for step, mean in windowed_means(history, window) if mean >= target), None)
+
+
+@contextmanager
+def stop_at_target(trainer_cls: type, target: float, window: int):  # noqa: ANN201
+    original = trainer_cls.on_step_begin
+
+    def on_step_begin(self: Any, step: int) -> None:
+        if steps_to_target(self.history, target, window) is not None:
+            raise TargetReached
+        original(self, step)
+
+    with mock.patch.object(trainer_cls, "on_step_begin", on_step_begin):
+        yield
+
+
+def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    overrides = [
+        *VARIANTS[name],
+        "trainer.use_prefect=false",
+        "trainer.val_before_train=false",
+        "trainer.val_every_steps=0",
+        f"trainer.total_steps={args.max_steps}",
+        f"run.name=convergence-{name}",
+        *args.overrides,
+    ]
+    config = load_config(args.config, overrides)
+    run_dir = f"{config.run.output_dir.rstrip('/')}/{config.run.name}"
+    started = time.perf_counter()
+    trainer_cls = get_trainer_class(config.trainer.mode)
+    with stop_at_target(trainer_cls, args.target, args.window), suppress(TargetReached):
+        run_training(config)
+    wall_seconds = time.perf_counter() - started
+    history = read_metrics(run_dir)
+    means = windowed_means(history, args.window)
+    return {
+        "variant": name,
+        "steps": steps_to_target(history, args.target, args.window),
+        "steps_run": len(history),
+        "best": max((m for _, m in means), default=float("nan")),
+        "wall_seconds": wall_seconds,
+    }
+
+
+def format_row(row: dict[str, Any], target: float) -> str:
+    reached = (
+        f"{row['steps']}"
+        if row["steps"] is not None
+        else f"not reached in {row['steps_run']}, best {row['best']:.3f}"
+    )
+    return f"| {row['variant']} | {reached} | {row['wall_seconds']:.0f} |"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", default=str(REPO / "configs" / "arith-tiny.yaml"))
+    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--target", type=float, default=0.9, help="windowed mean training reward to reach")
+    parser.add_argument("--window", type=int, default=5, help="steps in the moving mean")
+    parser.add_argument("--max-steps", type=int, default=250, help="step cap per variant")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides applied to every variant")
+    args = parser.parse_args(argv)
+    header = f"| variant | steps to {args.target} ({args.window}-step mean) | wall s |\n| --- | --- | --- |"
+    rows = []
+    for name in args.variants:
+        rows.append(format_row(run_variant(name, args), args.target))
+        print(f"{rows[-1]}", file=sys.stderr, flush=True)
+    print(header)
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
