@@ -17,8 +17,13 @@ pytestmark = pytest.mark.integration
 
 def test_dispatch_and_sample_complete_groups(tiny_model_dir: Path, ray_local) -> None:
     tq = ray.remote(TransferQueue).options(num_cpus=0).remote()
-    replica = ray.remote(RolloutWorker).options(num_cpus=0, max_concurrency=2).remote(str(tiny_model_dir), tq, 0, 1)
-    prompts = [{"prompt": f"{i}+1=", "data_source": "arith/single_digit_sum", "ground_truth": str(i + 1)} for i in range(9)]
+    replica = (
+        ray.remote(RolloutWorker).options(num_cpus=0, max_concurrency=2).remote(str(tiny_model_dir), tq, 0, 1)
+    )
+    prompts = [
+        {"prompt": f"{i}+1=", "data_source": "arith/single_digit_sum", "ground_truth": str(i + 1)}
+        for i in range(9)
+    ]
     buffer = ReplayBuffer(tq, [replica], PromptLoader(prompts, seed=0), n=3, sampling={"max_new_tokens": 3})
     try:
         dispatched = buffer.dispatch(4, step=1)
