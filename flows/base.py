@@ -19,6 +19,7 @@ from rl_train.storage.builtin_data import write_builtin_task
 from rl_train.storage.dataset import PromptLoader, load_prompts
 from rl_train.storage.metrics import MetricsWriter
 from rl_train.storage.replay_buffer import ReplayBuffer
+from rl_train.storage.replay_buffer_async import load_sampler_class
 from rl_train.tasks import validate
 from rl_train.tasks.context import RunContext, register_run, unregister_run
 
@@ -43,6 +44,9 @@ def prepare_inputs(config: Config) -> None:
 
 class BaseTrainer(ABC):
     """Template method: ``fit`` runs the lifecycle; subclasses fill in the hooks."""
+
+    replay_buffer_class: type = ReplayBuffer
+    """The mode's replay buffer (R-2.9); ``replay.sampler`` in the config replaces it."""
 
     def __init__(self, config: Config, run_id: str | None = None) -> None:
         self.config = config
@@ -69,11 +73,25 @@ class BaseTrainer(ABC):
             "max_new_tokens": self.config.rollout.max_new_tokens,
         }
         loader = PromptLoader(train_prompts, seed=self.config.run.seed)
-        buffer = ReplayBuffer(pools.tq, pools.rollouts, loader, self.config.rollout.n, sampling)
+        buffer = self.build_replay_buffer(pools, loader, sampling)
         self.context = RunContext(self.run_id, self.config, pools, buffer, val_prompts, hooks=self)
         register_run(self.context)
         self.metrics = MetricsWriter(self.run_dir)
         self.metrics.write_text("config.yaml", config_to_yaml(self.config))
+
+    def build_replay_buffer(self, pools: WorkerPools, loader: PromptLoader, sampling: dict[str, Any]) -> Any:
+        """The configured sampler class, or the mode's own, over the run's queue and replicas."""
+        spec = self.config.replay.sampler
+        cls = load_sampler_class(spec) if spec else self.replay_buffer_class
+        return cls(
+            pools.tq,
+            pools.rollouts,
+            loader,
+            self.config.rollout.n,
+            sampling,
+            config=self.config.replay,
+            rewards=pools.rewards,
+        )
 
     def fit(self) -> list[dict[str, Any]]:
         self.init()

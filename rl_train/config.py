@@ -56,7 +56,7 @@ class DataConfig(StrictModel):
 
 class TrainerConfig(StrictModel):
     mode: str = "sync"
-    """Trainer mode from the registry: sync (colocate_async and separate_async come with their issue)."""
+    """Trainer mode from the registry: sync, colocate_async (separate_async comes with its issue)."""
     total_steps: int = Field(60, ge=1)
     """Global steps to train."""
     train_batch_size: int = Field(64, ge=1)

@@ -18,8 +18,16 @@ from rl_train.storage.dataset import PromptLoader
 
 class ReplayBuffer:
     def __init__(
-        self, tq: Any, rollouts: list[Any], loader: PromptLoader, n: int, sampling: dict[str, Any]
+        self,
+        tq: Any,
+        rollouts: list[Any],
+        loader: PromptLoader,
+        n: int,
+        sampling: dict[str, Any],
+        config: Any = None,
+        rewards: list[Any] | None = None,
     ) -> None:
+        """``config`` (``replay.*``) and ``rewards`` are accepted for a common signature; sync needs neither."""
         self.tq = tq
         self.rollouts = rollouts
         self.loader = loader

@@ -1,4 +1,4 @@
-"""A rollout replica: turns prompt records into trajectory records (R-5.1, R-5.2)."""
+"""A rollout replica: turns prompt records into trajectory records (R-5.1, R-5.2, R-2.5)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
 from rl_train.engines.weight_sync.base import WeightReceiver
 from rl_train.engines.weight_sync.boundaries import run_receiver
+from rl_train.engines.workers.generation_loop import GenerationLoop
 
 
 class RolloutWorker:
@@ -21,6 +22,7 @@ class RolloutWorker:
         self.tokenizer = self.engine.tokenizer
         self.tq = tq
         self.receiver: WeightReceiver | None = None
+        self.loop = GenerationLoop(lambda *a: self._generate(*a)[1], self.engine.abort)
 
     def encode_prompt(self, text: str) -> list[int]:
         return [self.tokenizer.bos_token_id, *self.tokenizer.encode(text, add_special_tokens=False)]
@@ -28,29 +30,50 @@ class RolloutWorker:
     def generate_prompts(
         self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any]
     ) -> list[str]:
-        """Sample ``n`` trajectories per prompt; returns the trajectory keys written."""
+        """Sample ``n`` trajectories per prompt (blocking); returns the trajectory keys written."""
+        return self._generate(partition, prompt_keys, n, params)[0]
+
+    def _generate(
+        self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any]
+    ) -> tuple[list[str], list[str]]:
+        """(trajectory keys written, prompt keys left unfinished by an abort).
+
+        A prompt tagged ``partial`` continues its aborted trajectories from their tokens
+        (``response_prefix``) under the weights served now; finished siblings are kept. An
+        abort leaves the prompt ``pending`` with its partial trajectories stored (R-2.5).
+        """
         prompts = ray.get(self.tq.get.remote(partition, prompt_keys))
+        prompt_tags = ray.get(self.tq.get_tags.remote(partition, prompt_keys))
         ray.get(self.tq.set_tags.remote(partition, {k: {"status": "running"} for k in prompt_keys}))
         try:
+            earlier = self._partials(partition, prompt_keys, prompt_tags, n)
             requests = []
             for key, prompt in zip(prompt_keys, prompts, strict=True):
                 ids = self.encode_prompt(prompt["prompt"])
-                requests.extend(GenerationRequest(f"{key}/{j}", ids) for j in range(n))
-            results = self.engine.generate(requests, SamplingParams(**params))
+                for j in range(n):
+                    old = earlier.get(f"{key}/{j}")
+                    if old is None or old["stop_reason"] == "aborted":
+                        prefix = list(old["response_ids"]) if old else []
+                        requests.append(GenerationRequest(f"{key}/{j}", ids, response_prefix=prefix))
+            results = self.engine.generate(requests, SamplingParams(**params)) if requests else []
         except Exception:
             ray.get(self.tq.set_tags.remote(partition, {k: {"status": "failure"} for k in prompt_keys}))
             raise
+        by_key = dict(zip(prompt_keys, prompts, strict=True))
         records, tags = {}, {}
-        for i, result in enumerate(results):
-            key, prompt = prompt_keys[i // n], prompts[i // n]
+        for result in results:
+            key = result.request_id.rsplit("/", 1)[0]
+            old = earlier.get(result.request_id) or {"rollout_log_probs": [], "token_versions": []}
+            versions = list(old["token_versions"]) + result.token_versions
             records[result.request_id] = {
                 "prompt_ids": result.prompt_ids,
                 "response_ids": result.response_ids,
-                "rollout_log_probs": result.log_probs,
-                "token_versions": result.token_versions,
+                "rollout_log_probs": list(old["rollout_log_probs"]) + result.log_probs,
+                "token_versions": versions,
+                "stop_reason": result.stop_reason,
                 "group_id": key,
-                "data_source": prompt["data_source"],
-                "ground_truth": prompt["ground_truth"],
+                "data_source": by_key[key]["data_source"],
+                "ground_truth": by_key[key]["ground_truth"],
             }
             tags[result.request_id] = {
                 "kind": "trajectory",
@@ -58,11 +81,43 @@ class RolloutWorker:
                 "group_id": key,
                 "prompt_len": len(result.prompt_ids),
                 "response_len": len(result.response_ids),
-                "version": min(result.token_versions, default=self.engine.version),
+                "version": min(versions, default=self.engine.version),
             }
         ray.get(self.tq.put.remote(partition, records, tags))
-        ray.get(self.tq.set_tags.remote(partition, {k: {"status": "finished"} for k in prompt_keys}))
-        return list(records)
+        unfinished = sorted({k.rsplit("/", 1)[0] for k, t in tags.items() if t["status"] == "aborted"})
+        status = {k: {"status": "finished", "partial": False} for k in prompt_keys if k not in unfinished}
+        for key in unfinished:
+            group = [records.get(f"{key}/{j}") or earlier[f"{key}/{j}"] for j in range(n)]
+            oldest = min((v for r in group for v in r["token_versions"]), default=None)
+            status[key] = {"status": "pending", "partial": True}
+            if oldest is not None:
+                status[key]["version"] = oldest
+        ray.get(self.tq.set_tags.remote(partition, status))
+        return list(records), unfinished
+
+    def _partials(
+        self, partition: str, keys: list[str], tags: list[dict[str, Any]], n: int
+    ) -> dict[str, dict[str, Any]]:
+        """Stored trajectories of the prompts that an abort left partial."""
+        wanted = [f"{k}/{j}" for k, t in zip(keys, tags, strict=True) if t.get("partial") for j in range(n)]
+        return (
+            dict(zip(wanted, ray.get(self.tq.get.remote(partition, wanted)), strict=True)) if wanted else {}
+        )
+
+    # -- non-blocking dispatch (the async modes) -----------------------------------------
+    def enqueue(self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any]) -> None:
+        """Queue prompts for background generation and return at once."""
+        self.loop.enqueue(partition, prompt_keys, n, params)
+
+    def pause_generation(self) -> None:
+        """Abort in-flight requests (kept as partial rollouts) and generate nothing until resumed."""
+        self.loop.hold()
+
+    def resume_generation(self) -> None:
+        self.loop.release()
+
+    def generation_errors(self) -> list[str]:
+        return list(self.loop.errors)
 
     # -- lifecycle and weights ----------------------------------------------------------
     def sleep(self) -> None:
@@ -81,5 +136,10 @@ class RolloutWorker:
         self.receiver = backend.build_receiver(descriptor)
 
     def receive_weights(self, payload: Any, version: int, timeout_seconds: float) -> dict[str, float]:
+        """Quiesce background generation, load ``version``, resume: partials continue under it."""
         assert self.receiver is not None, "open_receiver() first"
-        return run_receiver(self.engine, self.receiver, payload, version, timeout_seconds)
+        self.loop.hold()
+        try:
+            return run_receiver(self.engine, self.receiver, payload, version, timeout_seconds)
+        finally:
+            self.loop.release()

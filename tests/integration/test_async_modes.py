@@ -1,0 +1,101 @@
+"""The async modes on real Ray actors: partial rollouts across a weight push, and short runs."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from rl_train.config import Config
+from rl_train.engines.model.tiny import load_policy
+from rl_train.engines.weight_sync.naive import NaiveBackend
+from rl_train.engines.workers.rollout_worker import RolloutWorker
+from rl_train.storage.metrics import read_metrics
+from rl_train.storage.transfer_queue import TransferQueue
+
+pytestmark = pytest.mark.integration
+N = 16
+
+
+def _wait_for(predicate: Any, timeout_seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_partial_rollout_resumes_under_new_weights_with_two_versions(tiny_model_dir: Path, ray_local) -> None:
+    tq = ray.remote(TransferQueue).options(num_cpus=0).remote()
+    worker = (
+        ray.remote(RolloutWorker).options(num_cpus=0, max_concurrency=2).remote(str(tiny_model_dir), tq, 0, 1)
+    )
+    ray.get(worker.open_receiver.remote(NaiveBackend(), {}))
+    prompt = {"prompt": "3+4=", "data_source": "single_digit_sum", "ground_truth": "7"}
+    ray.get(
+        tq.put.remote("train", {"p0": prompt}, {"p0": {"kind": "prompt", "status": "pending", "version": 0}})
+    )
+    # 16 hot samples of up to 64 tokens: the longest runs for many decode steps, so the
+    # pause below lands while the group is still generating.
+    worker.enqueue.remote("train", ["p0"], N, {"temperature": 3.0, "top_p": 1.0, "max_new_tokens": 64})
+    _wait_for(lambda: ray.get(tq.get_tags.remote("train", ["p0"]))[0]["status"] == "running")
+    ray.get(worker.pause_generation.remote())  # abort at the next token: the group stays partial
+    tag = ray.get(tq.get_tags.remote("train", ["p0"]))[0]
+    assert tag["status"] == "pending" and tag["partial"]
+    keys = [f"p0/{j}" for j in range(N)]
+    before = ray.get(tq.get.remote("train", keys))
+    aborted = [k for k, r in zip(keys, before, strict=True) if r["stop_reason"] == "aborted"]
+    assert aborted
+    # However far the abort let it get, give one aborted trajectory two version-0 tokens of
+    # its own, so that the continuation's version boundary is known exactly.
+    digit = ray.get(worker.encode_prompt.remote("7"))[-1]
+    prefix = {"response_ids": [digit, digit], "rollout_log_probs": [-1.0, -2.0], "token_versions": [0, 0]}
+    ray.get(tq.put.remote("train", {aborted[0]: prefix}))
+
+    model, _ = load_policy(tiny_model_dir)
+    payload = {"version": 1, "tensors": {k: v.detach() for k, v in model.state_dict().items()}}
+    ray.get(worker.receive_weights.remote(payload, 1, 30.0))  # pushed while paused
+    ray.get(worker.resume_generation.remote())
+    _wait_for(lambda: ray.get(tq.get_tags.remote("train", ["p0"]))[0]["status"] == "finished", 60)
+    after = dict(zip(keys, ray.get(tq.get.remote("train", keys)), strict=True))
+    resumed = after[aborted[0]]
+    new_tokens = len(resumed["response_ids"]) - 2
+    assert resumed["response_ids"][:2] == [digit, digit] and new_tokens >= 1
+    assert resumed["token_versions"] == [0, 0] + [1] * new_tokens  # two weight versions
+    assert resumed["rollout_log_probs"][:2] == [-1.0, -2.0]
+    assert ray.get(tq.get_tags.remote("train", [aborted[0]]))[0]["version"] == 0
+    for record in after.values():
+        assert (
+            len(record["token_versions"]) == len(record["response_ids"]) == len(record["rollout_log_probs"])
+        )
+        assert record["stop_reason"] in ("eos", "length")
+    assert ray.get(worker.generation_errors.remote()) == []
+    ray.kill(worker)
+    ray.kill(tq)
+
+
+def _async_config(small_run_config: dict[str, Any], mode: str, **trainer: Any) -> Config:
+    cfg = copy.deepcopy(small_run_config)
+    cfg["trainer"].update(mode=mode, **trainer)
+    return Config.model_validate(cfg)
+
+
+def test_colocate_async_three_steps_through_prefect_staleness_at_most_one(
+    small_run_config: dict[str, Any], ray_local, prefect_harness
+) -> None:
+    from rl_train.flows.train import train_flow
+
+    config = _async_config(small_run_config, "colocate_async")
+    state = train_flow(resolved=config.model_dump(mode="json"), return_state=True)
+    assert state.is_completed(), state
+    metrics = read_metrics(state.result()["run_dir"])
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert m["replay/staleness_max"] <= 1, m
+        assert m["rollout/version/0"] == m["step"]  # the replica serves the weights just pushed
+        assert 0.0 <= m["reward/mean"] <= 1.0 and "actor/loss" in m
+    assert metrics[1]["replay/staleness_max"] == 1  # step 2 trains the prefetched, version-0 groups
+    assert "val/reward_mean" in metrics[-1]
