@@ -11,7 +11,7 @@ from typing import Any
 
 import ray
 
-from rl_train.config import Config, config_to_yaml
+from rl_train.config import Config, ConfigError, config_to_yaml
 from rl_train.engines.model.tiny import create_tiny_policy
 from rl_train.engines.workers.pools import WorkerPools, ensure_ray
 from rl_train.flows.step import PhaseRunner, execute_global_step
@@ -49,11 +49,19 @@ class BaseTrainer(ABC):
     """The mode's replay buffer (R-2.9); ``replay.sampler`` in the config replaces it."""
 
     def __init__(self, config: Config, run_id: str | None = None) -> None:
+        errors = self.config_errors(config)
+        if errors:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
         self.config = config
         self.run_id = run_id or f"{config.run.name}-{uuid.uuid4().hex[:8]}"
         self.run_dir = f"{config.run.output_dir.rstrip('/')}/{config.run.name}"
         self.history: list[dict[str, Any]] = []
         self.context: RunContext | None = None
+
+    @classmethod
+    def config_errors(cls, config: Config) -> list[str]:
+        """What this mode cannot run with, one dotted-path message each (checked at load too)."""
+        return []
 
     # -- template -----------------------------------------------------------------------
     def init(self) -> None:

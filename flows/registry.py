@@ -15,7 +15,7 @@ def register_trainer(name: str) -> Callable[[type], type]:
 
 def load_builtin_trainers() -> None:
     """Import the built-in modes so that they register."""
-    from rl_train.flows import colocate_async, sync  # noqa: F401
+    from rl_train.flows import colocate_async, separate_async, sync  # noqa: F401
 
 
 def get_trainer_class(name: str) -> type:

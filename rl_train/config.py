@@ -56,13 +56,13 @@ class DataConfig(StrictModel):
 
 class TrainerConfig(StrictModel):
     mode: str = "sync"
-    """Trainer mode from the registry: sync, colocate_async (separate_async comes with its issue)."""
+    """Trainer mode from the registry: sync, colocate_async or separate_async (R-2.1)."""
     total_steps: int = Field(60, ge=1)
     """Global steps to train."""
     train_batch_size: int = Field(64, ge=1)
     """Prompt groups per global step."""
     parameter_sync_step: int = Field(1, ge=1)
-    """Local updates per global step (R-2.3); train_batch_size must be divisible by it."""
+    """Local updates per global step (R-2.3); train_batch_size must be divisible by it (separate_async: use 4)."""
     val_every_steps: int = Field(10, ge=0)
     """Validate every N global steps (and after the last); 0 turns validation off."""
     val_before_train: bool = True
@@ -254,6 +254,9 @@ def _check_registered_names(config: Config) -> None:
             f"invalid config:\n  trainer.mode: got {config.trainer.mode!r}: unknown name; "
             f"available: {', '.join(TRAINERS.names())}"
         )
+    errors = TRAINERS.get(config.trainer.mode).config_errors(config)
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
 
 def config_to_yaml(config: Config) -> str:

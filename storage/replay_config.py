@@ -27,5 +27,7 @@ class ReplayConfig(StrictModel):
     """Longest a sample may wait for enough finished groups before it fails."""
     poll_interval_seconds: float = Field(0.02, gt=0)
     """How often a waiting sample re-reads the TransferQueue tags."""
+    rescue_after_seconds: float | None = Field(None, gt=0)
+    """separate_async starvation rescue (R-2.7): after this wait the trainer's spare engine generates (None: never)."""
     sampler: str | None = None
     """Custom replay buffer class as 'package.module:ClassName' (None: the mode's own buffer, R-2.9)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,7 +125,11 @@ class WorkerPools:
         ray.get([r.open_receiver.remote(self.weight_sync_backend, descriptor) for r in self.rollouts])
 
     def sync_weights(self, version: int) -> dict[str, float]:
-        """Push rank 0's weights to every rollout replica as ``version`` (R-8.5).
+        """Push rank 0's weights to every rollout replica as ``version`` (R-8.5) and wait."""
+        return self.start_weight_sync(version)()
+
+    def start_weight_sync(self, version: int) -> Callable[[], dict[str, float]]:
+        """Launch a push without waiting; call the returned function to wait for its metrics.
 
         Handover backends pass the sender's payload by object reference (never through
         this process); streaming backends run both ends concurrently.
@@ -134,11 +139,15 @@ class WorkerPools:
         receive_refs = [
             r.receive_weights.remote(payload, version, self.weight_sync_timeout) for r in self.rollouts
         ]
-        metrics = dict(ray.get(metrics_ref))
-        for replica_metrics in ray.get(receive_refs):
-            for key, value in replica_metrics.items():
-                metrics[key] = max(metrics.get(key, 0.0), value)
-        return metrics
+
+        def wait() -> dict[str, float]:
+            metrics = dict(ray.get(metrics_ref))
+            for replica_metrics in ray.get(receive_refs):
+                for key, value in replica_metrics.items():
+                    metrics[key] = max(metrics.get(key, 0.0), value)
+            return metrics
+
+        return wait
 
     def shutdown(self) -> None:
         for actor in (*self.rollouts, *self.trainers, *self.rewards, self.tq):

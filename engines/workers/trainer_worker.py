@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from rl_train.algorithms.actor_loss import build_actor_loss_fn
 from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.snapshot import WeightSnapshots
 from rl_train.engines.training.torch_engine import TorchTrainingEngine
 from rl_train.engines.weight_sync.base import WeightSender
 from rl_train.engines.weight_sync.boundaries import run_sender
@@ -54,6 +55,9 @@ class TrainerWorker:
         self.loss_fn = build_actor_loss_fn(self.cfg)
         self.tq = tq
         self.sender: WeightSender | None = None
+        self.model_path, self.seed = model_path, seed
+        self.pi_old = WeightSnapshots()
+        self.spare: Any = None
 
     def _records(self, partition: str, keys: list[str], fields: list[str]) -> list[dict[str, Any]]:
         return ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS + fields)) if keys else []
@@ -67,7 +71,12 @@ class TrainerWorker:
         engine = self.reference if reference else self.engine
         assert engine is not None, "this rank was built without a reference model"
         records = self._records(partition, keys, [])
-        log_probs = engine.compute_log_probs(collate(records, self.pad_token_id))["log_probs"]
+        batch = collate(records, self.pad_token_id)
+        if out_field == "old_log_probs" and self.pi_old.active:
+            with self.pi_old.swapped_in(self.engine.model):
+                log_probs = engine.compute_log_probs(batch)["log_probs"]
+        else:
+            log_probs = engine.compute_log_probs(batch)["log_probs"]
         values = scatter_response(log_probs, records)
         ray.get(self.tq.put.remote(partition, {k: {out_field: v} for k, v in zip(keys, values, strict=True)}))
         return len(keys)
@@ -106,6 +115,30 @@ class TrainerWorker:
     def send_weights(self, version: int) -> tuple[Any, dict[str, float]]:
         assert self.sender is not None, "open_sender() first"
         return run_sender(self.sender, self.engine.export_weights, version)
+
+    # -- separate_async: pi_old slot and the spare rollout engine ----------------------
+    def snapshot_pi_old(self) -> None:
+        """Slot 0 (R-2.8): old_log_prob uses these weights until ``clear_pi_old``."""
+        self.pi_old.save(self.engine.model)
+
+    def clear_pi_old(self) -> None:
+        self.pi_old.clear()
+
+    def rescue_generate(
+        self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any], version: int
+    ) -> list[str]:
+        """Starvation rescue (R-2.7): the co-located spare engine, loaded in place with the
+        current weights, generates the prompts into the queue, then sleeps again."""
+        from rl_train.engines.workers.rollout_worker import RolloutWorker
+
+        if self.spare is None:
+            self.spare = RolloutWorker(self.model_path, self.tq, self.seed + 7919, self.cfg.num_threads)
+        self.spare.wake_up()
+        try:
+            self.spare.engine.update_weights(self.engine.export_weights(), version)
+            return self.spare.generate_prompts(partition, prompt_keys, n, params)
+        finally:
+            self.spare.sleep()
 
     def state_dict(self) -> dict[str, Any]:
         return self.engine.state_dict()

@@ -99,3 +99,53 @@ def test_colocate_async_three_steps_through_prefect_staleness_at_most_one(
         assert 0.0 <= m["reward/mean"] <= 1.0 and "actor/loss" in m
     assert metrics[1]["replay/staleness_max"] == 1  # step 2 trains the prefetched, version-0 groups
     assert "val/reward_mean" in metrics[-1]
+
+
+def _separate_config(small_run_config: dict[str, Any], **replay: Any) -> Config:
+    cfg = copy.deepcopy(small_run_config)
+    cfg["trainer"].update(
+        mode="separate_async", total_steps=2, parameter_sync_step=2, use_prefect=False, val_every_steps=0
+    )
+    cfg["rollout"]["weight_sync"] = {"backend": "bucketed", "transport": "shm", "bucket_size_bytes": 1 << 16}
+    cfg["replay"] = replay
+    return Config.model_validate(cfg)
+
+
+def test_separate_async_two_global_steps_staleness_within_parameter_sync_step(
+    small_run_config: dict[str, Any], ray_local
+) -> None:
+    from rl_train.flows.train import run_training
+
+    summary = run_training(_separate_config(small_run_config))
+    metrics = read_metrics(summary["run_dir"])
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["replay/staleness_max"] <= 2  # parameter_sync_step
+        assert m["rollout/version/0"] in (m["step"] - 1, m["step"])  # the push is not awaited
+        assert "actor/loss" in m and m["replay/rescue_activations"] == 0
+    assert metrics[1]["weight_sync/bytes"] > 0  # step 1's push, awaited at step 2's end
+
+
+class _PausedPoolTrainer:
+    """separate_async whose standalone pool is paused from the start: only rescue can feed it."""
+
+    def __new__(cls, config: Config) -> Any:
+        from rl_train.flows.separate_async import SeparateAsyncTrainer
+
+        class Paused(SeparateAsyncTrainer):
+            def on_train_begin(self) -> None:
+                self.rollout_call("pause_generation")
+                super().on_train_begin()
+
+        return Paused(config)
+
+
+def test_separate_async_rescue_feeds_the_trainer_when_the_pool_is_paused(
+    small_run_config: dict[str, Any], ray_local
+) -> None:
+    trainer = _PausedPoolTrainer(_separate_config(small_run_config, rescue_after_seconds=0.5))
+    history = trainer.fit()
+    assert len(history) == 2
+    for m in history:
+        assert m["replay/rescue_activations"] == 2  # one per local update
+        assert m["replay/rescue_groups"] == 8 and "actor/loss" in m

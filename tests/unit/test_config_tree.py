@@ -28,7 +28,10 @@ def test_demo_config_loads_and_overrides_apply() -> None:
         ("rollout.n=0", "rollout.n: got 0"),
         ("actor.lr_schedule=zigzag", "actor.lr_schedule: got 'zigzag'"),
         ("actor.nonsense=1", "actor.nonsense: unknown key"),
-        ("trainer.mode=turbo", "trainer.mode: got 'turbo': unknown name; available: colocate_async, sync"),
+        (
+            "trainer.mode=turbo",
+            "trainer.mode: got 'turbo': unknown name; available: colocate_async, separate_async, sync",
+        ),
         ("algorithm.adv_estimator=nope", "algorithm.adv_estimator"),
         ("rollout.weight_sync.backend=pigeon", "rollout.weight_sync.backend"),
     ],

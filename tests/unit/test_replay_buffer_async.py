@@ -152,3 +152,21 @@ def test_custom_sampler_is_loaded_by_import_path_and_name() -> None:
     assert load_sampler_class("rl_train.storage.replay_buffer_async.ReplayBufferAsync") is ReplayBufferAsync
     with pytest.raises(ValueError, match="cannot be loaded"):
         load_sampler_class("rl_train.storage.replay_buffer_async:Nope")
+
+
+def test_starvation_rescue_generates_fresh_groups_on_the_spare_engine() -> None:
+    buffer, tq, replica = make(ReplayConfig(prefetch_batches=0, rescue_after_seconds=0.05))
+    buffer.dispatch(2, step=1)  # p0, p1 queued on a replica that never delivers (paused)
+    rescued: list[list[str]] = []
+
+    def spare_engine(keys: list[str]) -> None:
+        rescued.append(keys)
+        for key in keys:
+            finish(tq, key, [[0], [0]])
+
+    buffer.rescue = spare_engine
+    batch = tq.get_batch(buffer.sample(2, step=1))
+    assert rescued == [["p2", "p3"]] and batch["groups"] == ["p2", "p3"]
+    assert replica.queued == ["p0", "p1"]  # rescue groups never go to the starved replica
+    metrics = buffer.pop_metrics()
+    assert metrics["replay/rescue_activations"] == 1 and metrics["replay/rescue_groups"] == 2
