@@ -1,6 +1,7 @@
 """The ``rl-train/<mode>`` deployments, served by ``rl-train serve`` (R-10.1).
 
-``prefect deployment run rl-train/sync -p config=configs/arith-tiny.yaml`` then starts a
+``prefect deployment run rl-train/sync -p config=configs/arith-tiny.yaml`` (or rl-train/colocate,
+rl-train/separate) then starts a
 training run in the serving process's runner. Each mode's deployment pins ``trainer.mode``
 through an override, so a deployment always runs the mode its name says.
 """
@@ -13,8 +14,16 @@ from prefect import serve
 
 from rl_train.flows.train import train_flow
 
-DEPLOYMENT_MODES = {"sync": "sync"}
-"""Deployment name -> trainer mode; the async modes are added when they land."""
+DEPLOYMENT_MODES = {"sync": "sync", "colocate": "colocate_async", "separate": "separate_async"}
+"""Deployment name -> trainer mode."""
+MODE_OVERRIDES = {
+    "separate_async": ["rollout.weight_sync.backend=bucketed", "trainer.parameter_sync_step=4"],
+}
+"""Defaults a mode needs beyond the global ones (R-2.3, R-2.6); a run's own overrides come after."""
+
+
+def deployment_overrides(mode: str) -> list[str]:
+    return [f"trainer.mode={mode}", *MODE_OVERRIDES.get(mode, [])]
 
 
 def build_deployments() -> list[Any]:
@@ -23,7 +32,7 @@ def build_deployments() -> list[Any]:
         deployments.append(
             train_flow.to_deployment(
                 name=name,
-                parameters={"config": None, "overrides": [f"trainer.mode={mode}"]},
+                parameters={"config": None, "overrides": deployment_overrides(mode)},
                 description=f"rl-train in {mode} mode: pass -p config=<yaml> and optionally overrides",
                 tags=["rl-train", mode],
             )
