@@ -1,8 +1,8 @@
 """The ``rl-train/<mode>`` deployments, served by ``rl-train serve`` (R-10.1).
 
-``prefect deployment run rl-train/sync -p config=configs/arith-tiny.yaml`` (or rl-train/colocate,
-rl-train/separate) then starts a
-training run in the serving process's runner. Each mode's deployment pins ``trainer.mode``
+``prefect deployment run rl-train/sync -p config=configs/arith-tiny.yaml`` (or
+``rl-train/colocate``, ``rl-train/separate``) then starts a training run in the serving
+process's runner. Each mode's deployment pins ``trainer.mode``
 through an override, so a deployment always runs the mode its name says.
 """
 
