@@ -8,7 +8,10 @@ generation fails the step instead of silently starving it.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+import ray
 
 from rl_train.flows.base import BaseTrainer
 from rl_train.storage.replay_buffer_async import ReplayBufferAsync
@@ -31,7 +34,10 @@ class AsyncTrainerHooks(BaseTrainer):
         self.replay_buffer.dispatch(self.groups_per_update(), step=1)
 
     def on_train_end(self) -> None:
-        if self.context is not None:
+        """Stop background generation; a replica already gone must not keep teardown from running."""
+        if self.context is None:
+            return
+        with contextlib.suppress(ray.exceptions.RayError):
             self.rollout_call("pause_generation")
 
     def on_validate_begin(self, step: int) -> None:

@@ -62,9 +62,11 @@ class SeparateAsyncTrainer(AsyncTrainerHooks):
         return {**metrics, **self.step_metrics()}
 
     def on_train_end(self) -> None:
-        if self.context is not None:
-            self._finish_push()
-        super().on_train_end()
+        try:
+            if self.context is not None:
+                self._finish_push()
+        finally:
+            super().on_train_end()
 
     def _finish_push(self) -> dict[str, float]:
         push, self._pending_push = self._pending_push, None
