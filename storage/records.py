@@ -8,36 +8,42 @@ fields placed on the response positions; ``scatter_response`` goes back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 
 def collate(
-    records: list[dict[str, Any]], pad_token_id: int, token_fields: list[str] = ()
-) -> dict[str, torch.Tensor]:  # type: ignore[assignment]
-    """Right-padded ``input_ids``, ``attention_mask``, ``response_mask`` and ``token_fields``."""
-    lengths = [len(r["prompt_ids"]) + len(r["response_ids"]) for r in records]
-    width = max(lengths, default=1)
-    batch_size = len(records)
-    input_ids = torch.full((batch_size, width), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((batch_size, width), dtype=torch.long)
-    response_mask = torch.zeros((batch_size, width), dtype=torch.float32)
-    extra = {name: torch.zeros((batch_size, width), dtype=torch.float32) for name in token_fields}
-    for i, record in enumerate(records):
-        prompt_len, response_len = len(record["prompt_ids"]), len(record["response_ids"])
-        ids = list(record["prompt_ids"]) + list(record["response_ids"])
-        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention[i, : len(ids)] = 1
-        graded = record.get("response_mask", [1] * response_len)
-        response_mask[i, prompt_len : prompt_len + response_len] = torch.as_tensor(
-            graded, dtype=torch.float32
-        )
-        for name, tensor in extra.items():
-            tensor[i, prompt_len : prompt_len + response_len] = torch.as_tensor(
-                record[name], dtype=torch.float32
-            )
-    return {"input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask, **extra}
+    records: list[dict[str, Any]], pad_token_id: int, token_fields: Sequence[str] = ()
+) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask``, ``response_mask`` and ``token_fields``.
+
+    Rows are padded as Python lists and turned into tensors once per field: per-row tensor
+    writes cost more than the model's forward on batches of short sequences.
+    """
+    prompt_lens = [len(r["prompt_ids"]) for r in records]
+    response_lens = [len(r["response_ids"]) for r in records]
+    width = max((p + n for p, n in zip(prompt_lens, response_lens, strict=True)), default=1)
+
+    def rows(values: list[list[float]] | list[list[int]], pad: float, prefix: list[int]) -> list[list[Any]]:
+        out = []
+        for row, lead in zip(values, prefix, strict=True):
+            full = [pad] * lead + list(row)
+            out.append(full + [pad] * (width - len(full)))
+        return out
+
+    zeros = [0] * len(records)
+    ids = [list(r["prompt_ids"]) + list(r["response_ids"]) for r in records]
+    graded = [r.get("response_mask") or [1] * n for r, n in zip(records, response_lens, strict=True)]
+    batch = {
+        "input_ids": torch.tensor(rows(ids, pad_token_id, zeros), dtype=torch.long),
+        "attention_mask": torch.tensor(rows([[1] * len(x) for x in ids], 0, zeros), dtype=torch.long),
+        "response_mask": torch.tensor(rows(graded, 0.0, prompt_lens), dtype=torch.float32),
+    }
+    for name in token_fields:
+        batch[name] = torch.tensor(rows([r[name] for r in records], 0.0, prompt_lens), dtype=torch.float32)
+    return batch
 
 
 def scatter_response(values: torch.Tensor, records: list[dict[str, Any]]) -> list[list[float]]:
