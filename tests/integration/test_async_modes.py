@@ -101,22 +101,23 @@ def test_colocate_async_three_steps_through_prefect_staleness_at_most_one(
     assert "val/reward_mean" in metrics[-1]
 
 
-def _separate_config(small_run_config: dict[str, Any], **replay: Any) -> Config:
+def _separate_config(small_run_config: dict[str, Any], backend: str = "bucketed", **replay: Any) -> Config:
     cfg = copy.deepcopy(small_run_config)
     cfg["trainer"].update(
         mode="separate_async", total_steps=2, parameter_sync_step=2, use_prefect=False, val_every_steps=0
     )
-    cfg["rollout"]["weight_sync"] = {"backend": "bucketed", "transport": "shm", "bucket_size_bytes": 1 << 16}
+    cfg["rollout"]["weight_sync"] = {"backend": backend, "transport": "shm", "bucket_size_bytes": 1 << 16}
     cfg["replay"] = replay
     return Config.model_validate(cfg)
 
 
+@pytest.mark.parametrize("backend", ["bucketed", "delta"])
 def test_separate_async_two_global_steps_staleness_within_parameter_sync_step(
-    small_run_config: dict[str, Any], ray_local
+    small_run_config: dict[str, Any], ray_local, backend: str
 ) -> None:
     from rl_train.flows.train import run_training
 
-    summary = run_training(_separate_config(small_run_config))
+    summary = run_training(_separate_config(small_run_config, backend))
     metrics = read_metrics(summary["run_dir"])
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
