@@ -16,14 +16,12 @@ from rl_train.flows.train import train_flow
 
 DEPLOYMENT_MODES = {"sync": "sync", "colocate": "colocate_async", "separate": "separate_async"}
 """Deployment name -> trainer mode."""
-MODE_OVERRIDES = {
-    "separate_async": ["rollout.weight_sync.backend=bucketed", "trainer.parameter_sync_step=4"],
-}
-"""Defaults a mode needs beyond the global ones (R-2.3, R-2.6); a run's own overrides come after."""
 
 
 def deployment_overrides(mode: str) -> list[str]:
-    return [f"trainer.mode={mode}", *MODE_OVERRIDES.get(mode, [])]
+    """Only the mode is pinned; its own defaults (e.g. separate_async's parameter_sync_step 4)
+    come from the mode's class and never override what the run's config file sets."""
+    return [f"trainer.mode={mode}"]
 
 
 def build_deployments() -> list[Any]:

@@ -7,7 +7,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import ray
 
@@ -47,6 +47,8 @@ class BaseTrainer(ABC):
 
     replay_buffer_class: type = ReplayBuffer
     """The mode's replay buffer (R-2.9); ``replay.sampler`` in the config replaces it."""
+    mode_defaults: ClassVar[dict[str, Any]] = {}
+    """Dotted config keys this mode defaults differently; applied at load where the user set none."""
 
     def __init__(self, config: Config, run_id: str | None = None) -> None:
         errors = self.config_errors(config)
@@ -114,6 +116,7 @@ class BaseTrainer(ABC):
                 if self._is_validation_step(step):
                     metrics.update(self._validate(step))
                 metrics["timing/step"] = time.perf_counter() - started
+                metrics.update(self.rollout_activity(metrics["timing/step"]))
                 self.history.append(metrics)
                 self.metrics.write(metrics)
                 self._print_progress(metrics)
@@ -136,6 +139,17 @@ class BaseTrainer(ABC):
         )
         self.on_validate_end(step, result)
         return result
+
+    def rollout_activity(self, wall_seconds: float) -> dict[str, float]:
+        """How much of the step the rollout engines generated (mean over replicas), and the
+        groups still waiting on tool calls: where async modes win, this is where sync idles."""
+        activity = self.rollout_call("pop_activity")
+        busy = sum(a["busy_seconds"] for a in activity) / max(len(activity), 1)
+        return {
+            "rollout/busy_seconds": busy,
+            "rollout/idle_fraction": max(0.0, 1.0 - busy / wall_seconds) if wall_seconds > 0 else 0.0,
+            "rollout/groups_awaiting_tools": sum(a["groups_awaiting_tools"] for a in activity),
+        }
 
     def _print_progress(self, m: dict[str, Any]) -> None:
         total = self.config.trainer.total_steps

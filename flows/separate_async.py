@@ -10,10 +10,11 @@ through a CPU snapshot on each rank. When the queue cannot supply a batch within
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any, ClassVar
 
 import ray
 
+from rl_train import tasks
 from rl_train.config import Config
 from rl_train.flows.async_hooks import AsyncTrainerHooks
 from rl_train.flows.registry import register_trainer
@@ -22,7 +23,10 @@ from rl_train.flows.step import PhaseRunner
 
 @register_trainer("separate_async")
 class SeparateAsyncTrainer(AsyncTrainerHooks):
-    _pending_push: Callable[[], dict[str, float]] | None = None
+    mode_defaults: ClassVar[dict[str, Any]] = {
+        "trainer.parameter_sync_step": 4,
+        "rollout.weight_sync.backend": "bucketed",  # pushes cross pools
+    }
 
     @classmethod
     def config_errors(cls, config: Config) -> list[str]:
@@ -31,7 +35,9 @@ class SeparateAsyncTrainer(AsyncTrainerHooks):
         if t.train_batch_size != t.parameter_sync_step * mini:
             errors.append(
                 f"trainer.train_batch_size ({t.train_batch_size}) must equal trainer.parameter_sync_step "
-                f"({t.parameter_sync_step}) x actor.ppo_mini_batch_size ({mini}) in separate_async"
+                f"({t.parameter_sync_step}) x actor.ppo_mini_batch_size ({mini}) in separate_async: "
+                f"each local update is one mini-batch (set actor.ppo_mini_batch_size to "
+                f"{t.train_batch_size // t.parameter_sync_step} or null)"
             )
         if config.rollout.num_replicas < 1:
             errors.append("rollout.num_replicas: separate_async needs a standalone rollout pool (> 0)")
@@ -54,23 +60,16 @@ class SeparateAsyncTrainer(AsyncTrainerHooks):
         return None  # the standalone pool never sleeps
 
     def on_step_end(self, step: int, run: PhaseRunner) -> dict[str, float]:
-        metrics = self._finish_push()
         ray.get([rank.clear_pi_old.remote() for rank in self.pools.trainers])
-        self._pending_push = self.pools.start_weight_sync(step)
-        assert self.context is not None
-        self.context.version = step
+        metrics = run(tasks.push_weights, self.run_id, step)
         return {**metrics, **self.step_metrics()}
 
     def on_train_end(self) -> None:
         try:
             if self.context is not None:
-                self._finish_push()
+                tasks.finish_push(self.run_id)
         finally:
             super().on_train_end()
-
-    def _finish_push(self) -> dict[str, float]:
-        push, self._pending_push = self._pending_push, None
-        return push() if push is not None else {}
 
     def _rescue(self, keys: list[str]) -> None:
         assert self.context is not None

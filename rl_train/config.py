@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from rl_train.algorithms.config import AlgorithmConfig, StrictModel
+from rl_train.engines.rollout.tool_env import ToolEnvConfig
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.storage.replay_config import ReplayConfig
@@ -62,7 +63,7 @@ class TrainerConfig(StrictModel):
     train_batch_size: int = Field(64, ge=1)
     """Prompt groups per global step."""
     parameter_sync_step: int = Field(1, ge=1)
-    """Local updates per global step (R-2.3); train_batch_size must be divisible by it (separate_async: use 4)."""
+    """Local updates per global step (R-2.3); train_batch_size must be divisible by it (separate_async's default: 4)."""
     val_every_steps: int = Field(10, ge=0)
     """Validate every N global steps (and after the last); 0 turns validation off."""
     val_before_train: bool = True
@@ -88,6 +89,8 @@ class RolloutConfig(StrictModel):
     """Temperature of validation sampling (0 = greedy)."""
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     """How trained weights reach the rollout replicas."""
+    tool_env: ToolEnvConfig = Field(default_factory=ToolEnvConfig)
+    """Simulated tool call after each train trajectory (long-tail latency for agentic workloads)."""
 
 
 class RewardConfig(StrictModel):
@@ -233,12 +236,35 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             )
         data = loaded or {}
     apply_overrides(data, overrides or [])
+    apply_mode_defaults(data)
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc)) from None
     _check_registered_names(config)
     return config
+
+
+def apply_mode_defaults(data: dict[str, Any]) -> None:
+    """Fill in the trainer mode's own defaults (``mode_defaults`` on its class, R-2.3) for the
+    keys that the file and the overrides leave unset; what the user wrote always wins."""
+    from rl_train.flows.registry import TRAINERS, load_builtin_trainers
+
+    load_builtin_trainers()
+    trainer = data.get("trainer")
+    mode = trainer.get("mode", "sync") if isinstance(trainer, dict) else "sync"
+    if not isinstance(mode, str) or mode not in TRAINERS:
+        return  # reported, with the registered names, once the tree has loaded
+    for dotted, value in TRAINERS.get(mode).mode_defaults.items():
+        *sections, leaf = dotted.split(".")
+        node = data
+        for key in sections:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                break  # a malformed section: let validation name it
+            node = child
+        else:
+            node.setdefault(leaf, value)
 
 
 def _check_registered_names(config: Config) -> None:

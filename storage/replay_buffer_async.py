@@ -9,13 +9,20 @@ draw, so the refill accounting is exact: an evicted group costs one refill, not 
 Staleness comes from the tokens' actual weight versions, never from the dispatch step: a
 partial rollout continued under new weights is as old as its oldest token. Weight version
 ``v`` is the one pushed at the end of global step ``v``, so the trainer of step ``k`` holds
-``k - 1`` and a group's staleness is ``(k - 1) - min token version``: 0 when on-policy (the
-spec's ``current - version + 1`` counts from versions numbered one higher). Prompts that
-have no tokens yet are as old as the version served when they were dispatched.
+``k - 1``. Two counts of the same thing:
 
-- ``drop``: finished groups above ``max_off_policy_threshold`` are evicted and refilled.
-- ``wait``: sampling blocks while any pending/running prompt has reached the threshold;
-  nothing is evicted for staleness.
+- *versions behind* = ``(k - 1) - min token version``: 0 when on-policy, at most 1 in
+  colocate_async. The ``replay/staleness_*`` metrics report this count.
+- the spec's staleness (R-7.2) = ``current step - generating step + 1`` = versions behind
+  + 1: 1 when on-policy. ``max_off_policy_threshold`` is compared with this one, exactly as
+  R-7.2 states, so a threshold t keeps finished groups at most t - 1 versions behind.
+
+Prompts that have no tokens yet are as old as the version served when they were dispatched.
+
+- ``drop``: finished groups whose staleness exceeds ``max_off_policy_threshold`` are evicted
+  and refilled.
+- ``wait``: sampling blocks while any pending/running prompt has staleness at or above the
+  threshold; nothing is evicted for staleness.
 - DAPO filter (opt-in): groups without gradient (R-7.3) are evicted and refilled.
 - Groups are sampled oldest first (oldest token version, then dispatch order).
 - Only the ``train`` partition is read or evicted; validation records are never touched.
@@ -36,6 +43,11 @@ from rl_train.storage.handles import call, cast
 from rl_train.storage.replay_config import ReplayConfig
 
 PARTITION = "train"
+
+
+def spec_staleness(trainer_version: int, oldest_token_version: int) -> int:
+    """R-7.2's staleness: versions behind + 1 (1 for on-policy tokens)."""
+    return trainer_version - oldest_token_version + 1
 
 
 class SampleTimeoutError(TimeoutError):
@@ -166,11 +178,11 @@ class ReplayBufferAsync:
             elif tag["status"] == "failure":
                 failed.append(key)
             elif self.cfg.staleness_strategy == "wait":
-                blocked |= trainer_version - tag.get("version", trainer_version) >= limit
+                blocked |= spec_staleness(trainer_version, tag.get("version", trainer_version)) >= limit
         evicted = self._handle_failed(failed)
         versions = self._group_versions(finished)
         if self.cfg.staleness_strategy == "drop":
-            stale = [k for k in finished if trainer_version - versions[k] > limit]
+            stale = [k for k in finished if spec_staleness(trainer_version, versions[k]) > limit]
             evicted += self._evict(stale, "staleness")
         ready = [k for k in finished if k in self._versions]
         if self.cfg.filter_groups:

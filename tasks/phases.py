@@ -136,6 +136,25 @@ def weight_sync(run_id: str, version: int) -> dict[str, float]:
     return metrics
 
 
+@phase_task(name="weight_sync")
+def push_weights(run_id: str, version: int) -> dict[str, float]:
+    """separate_async's weight_sync (R-2.6): launch the push of ``version`` without waiting.
+
+    The previous push is awaited first (at most one in flight); its metrics are returned.
+    """
+    ctx = get_run(run_id)
+    metrics = finish_push(run_id)
+    ctx.extra["pending_push"] = ctx.pools.start_weight_sync(version)
+    ctx.version = version
+    return metrics
+
+
+def finish_push(run_id: str) -> dict[str, float]:
+    """Wait for the push in flight, if any, and return its metrics."""
+    wait = get_run(run_id).extra.pop("pending_push", None)
+    return wait() if wait is not None else {}
+
+
 @phase_task(name="validate")
 def validate(run_id: str, step: int) -> dict[str, float]:
     """Greedy (val_temperature) answers to every validation prompt, scored; nothing is kept."""

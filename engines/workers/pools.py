@@ -70,7 +70,13 @@ class WorkerPools:
         rollouts = [
             ray.remote(RolloutWorker)
             .options(name=f"rollout-{i}", max_concurrency=2, **common)
-            .remote(model_path, tq, config.run.seed + 1000 * i, config.rollout.num_threads)
+            .remote(
+                model_path,
+                tq,
+                config.run.seed + 1000 * i,
+                config.rollout.num_threads,
+                config.rollout.tool_env.model_dump(),
+            )
             for i in range(config.rollout.num_replicas)
         ]
         world = config.actor.num_ranks
@@ -89,6 +95,7 @@ class WorkerPools:
                 tq,
                 address,
                 config.actor.kl_loss or config.algorithm.kl_in_reward,  # needs the reference model
+                config.rollout.tool_env.model_dump(),  # the spare rescue engine meets the same tools
             )
             for rank in range(world)
         ]

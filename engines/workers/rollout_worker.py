@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
 import torch
 
 from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
+from rl_train.engines.rollout.tool_env import DelayedCalls, ToolEnvConfig
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
 from rl_train.engines.weight_sync.base import WeightReceiver
 from rl_train.engines.weight_sync.boundaries import run_receiver
@@ -15,14 +17,20 @@ from rl_train.engines.workers.generation_loop import GenerationLoop
 
 
 class RolloutWorker:
-    def __init__(self, model_path: str, tq: Any, seed: int, num_threads: int) -> None:
+    def __init__(
+        self, model_path: str, tq: Any, seed: int, num_threads: int, tool_env: dict[str, Any] | None = None
+    ) -> None:
+        """``tool_env``: a ``rollout.tool_env`` dump; its tool call follows every train trajectory."""
         torch.set_num_threads(num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         self.engine = TorchRolloutEngine(model_path, seed=seed)
         self.tokenizer = self.engine.tokenizer
         self.tq = tq
         self.receiver: WeightReceiver | None = None
-        self.loop = GenerationLoop(lambda *a: self._generate(*a)[1], self.engine.abort)
+        self.tool_latency = ToolEnvConfig(**(tool_env or {})).build()
+        self.tool_calls = DelayedCalls()
+        self.busy_seconds = 0.0
+        self.loop = GenerationLoop(self._generate_in_background, self.engine.abort)
 
     def encode_prompt(self, text: str) -> list[int]:
         return [self.tokenizer.bos_token_id, *self.tokenizer.encode(text, add_special_tokens=False)]
@@ -30,17 +38,38 @@ class RolloutWorker:
     def generate_prompts(
         self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any]
     ) -> list[str]:
-        """Sample ``n`` trajectories per prompt (blocking); returns the trajectory keys written."""
-        return self._generate(partition, prompt_keys, n, params)[0]
+        """Sample ``n`` trajectories per prompt (blocking, tool calls included); returns the keys written."""
+        written, _, tool_deadlines = self._generate(partition, prompt_keys, n, params)
+        if tool_deadlines:
+            time.sleep(max(max(tool_deadlines.values()) - time.time(), 0.0))
+            self._finish_groups(partition, list(tool_deadlines))
+        return written
+
+    def _generate_in_background(
+        self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any]
+    ) -> list[str]:
+        """The generation loop's batch: groups finish when their tool calls return (no waiting here)."""
+        _, unfinished, tool_deadlines = self._generate(partition, prompt_keys, n, params)
+        for key, deadline in tool_deadlines.items():
+            self.tool_calls.call_at(deadline, lambda key=key: self._finish_groups(partition, [key]))
+        return unfinished
+
+    def _finish_groups(self, partition: str, keys: list[str]) -> None:
+        ray.get(
+            self.tq.set_tags.remote(partition, {k: {"status": "finished", "partial": False} for k in keys})
+        )
 
     def _generate(
         self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any]
-    ) -> tuple[list[str], list[str]]:
-        """(trajectory keys written, prompt keys left unfinished by an abort).
+    ) -> tuple[list[str], list[str], dict[str, float]]:
+        """(trajectory keys written, prompt keys left unfinished by an abort, tool deadlines).
 
         A prompt tagged ``partial`` continues its aborted trajectories from their tokens
         (``response_prefix``) under the weights served now; finished siblings are kept. An
         abort leaves the prompt ``pending`` with its partial trajectories stored (R-2.5).
+        With a tool environment, each train trajectory's tool call starts when its
+        generation ends; its group stays ``running`` until the group's last call returns
+        (the returned wall-clock deadline, per prompt key), and the caller finishes it then.
         """
         prompts = ray.get(self.tq.get.remote(partition, prompt_keys))
         prompt_tags = ray.get(self.tq.get_tags.remote(partition, prompt_keys))
@@ -55,7 +84,9 @@ class RolloutWorker:
                     if old is None or old["stop_reason"] == "aborted":
                         prefix = list(old["response_ids"]) if old else []
                         requests.append(GenerationRequest(f"{key}/{j}", ids, response_prefix=prefix))
+            started = time.perf_counter()
             results = self.engine.generate(requests, SamplingParams(**params)) if requests else []
+            self.busy_seconds += time.perf_counter() - started
         except Exception:
             ray.get(self.tq.set_tags.remote(partition, {k: {"status": "failure"} for k in prompt_keys}))
             raise
@@ -75,6 +106,11 @@ class RolloutWorker:
                 "data_source": by_key[key]["data_source"],
                 "ground_truth": by_key[key]["ground_truth"],
             }
+            if self.tool_latency is not None and partition == "train" and result.stop_reason != "aborted":
+                latency = self.tool_latency(result.request_id)
+                records[result.request_id].update(
+                    tool_latency_seconds=latency, tool_done_at=time.time() + latency
+                )
             tags[result.request_id] = {
                 "kind": "trajectory",
                 "status": result.stop_reason,
@@ -85,7 +121,13 @@ class RolloutWorker:
             }
         ray.get(self.tq.put.remote(partition, records, tags))
         unfinished = sorted({k.rsplit("/", 1)[0] for k, t in tags.items() if t["status"] == "aborted"})
-        status = {k: {"status": "finished", "partial": False} for k in prompt_keys if k not in unfinished}
+        done = [k for k in prompt_keys if k not in unfinished]
+        tool_deadlines: dict[str, float] = {}
+        if self.tool_latency is not None and partition == "train":
+            for key in done:
+                group = [records.get(f"{key}/{j}") or earlier[f"{key}/{j}"] for j in range(n)]
+                tool_deadlines[key] = max(float(r.get("tool_done_at", 0.0)) for r in group)
+        status = {k: {"status": "finished", "partial": False} for k in done if k not in tool_deadlines}
         for key in unfinished:
             group = [records.get(f"{key}/{j}") or earlier[f"{key}/{j}"] for j in range(n)]
             oldest = min((v for r in group for v in r["token_versions"]), default=None)
@@ -93,7 +135,7 @@ class RolloutWorker:
             if oldest is not None:
                 status[key]["version"] = oldest
         ray.get(self.tq.set_tags.remote(partition, status))
-        return list(records), unfinished
+        return list(records), unfinished, tool_deadlines
 
     def _partials(
         self, partition: str, keys: list[str], tags: list[dict[str, Any]], n: int
@@ -117,7 +159,13 @@ class RolloutWorker:
         self.loop.release()
 
     def generation_errors(self) -> list[str]:
-        return list(self.loop.errors)
+        return [*self.loop.errors, *self.tool_calls.errors]
+
+    def pop_activity(self) -> dict[str, float]:
+        """Engine-busy seconds since the last call (the rest of the wall time rollout was idle),
+        and the groups whose tool calls are still running."""
+        busy, self.busy_seconds = self.busy_seconds, 0.0
+        return {"busy_seconds": busy, "groups_awaiting_tools": float(self.tool_calls.pending())}
 
     # -- lifecycle and weights ----------------------------------------------------------
     def sleep(self) -> None:

@@ -35,6 +35,7 @@ class TrainerWorker:
         tq: Any,
         dist_address: str | None = None,
         with_reference: bool = False,
+        tool_env: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = ActorConfig.model_validate(actor)
         torch.set_num_threads(self.cfg.num_threads)
@@ -58,6 +59,7 @@ class TrainerWorker:
         self.model_path, self.seed = model_path, seed
         self.pi_old = WeightSnapshots()
         self.spare: Any = None
+        self.tool_env = tool_env
 
     def _records(self, partition: str, keys: list[str], fields: list[str]) -> list[dict[str, Any]]:
         return ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS + fields)) if keys else []
@@ -132,7 +134,9 @@ class TrainerWorker:
         from rl_train.engines.workers.rollout_worker import RolloutWorker
 
         if self.spare is None:
-            self.spare = RolloutWorker(self.model_path, self.tq, self.seed + 7919, self.cfg.num_threads)
+            self.spare = RolloutWorker(
+                self.model_path, self.tq, self.seed + 7919, self.cfg.num_threads, self.tool_env
+            )
         self.spare.wake_up()
         try:
             self.spare.engine.update_weights(self.engine.export_weights(), version)

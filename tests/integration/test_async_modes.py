@@ -12,6 +12,7 @@ import ray
 
 from rl_train.config import Config
 from rl_train.engines.model.tiny import load_policy
+from rl_train.engines.rollout.tool_env import ToolEnvConfig
 from rl_train.engines.weight_sync.naive import NaiveBackend
 from rl_train.engines.workers.rollout_worker import RolloutWorker
 from rl_train.storage.metrics import read_metrics
@@ -77,9 +78,52 @@ def test_partial_rollout_resumes_under_new_weights_with_two_versions(tiny_model_
     ray.kill(tq)
 
 
+LONG_TAIL = {"name": "long_tail_sandbox", "latency_median_seconds": 0.02, "latency_max_seconds": 2.0}
+"""Sandbox latency of the mode tests: p50 20 ms, p99 0.5 s; staleness bounds must hold under it."""
+
+
+def test_tool_calls_keep_a_group_running_until_its_slowest_call_returns(
+    tiny_model_dir: Path, ray_local
+) -> None:
+    tool_env = {"name": "long_tail_sandbox", "latency_median_seconds": 0.3, "latency_sigma": 0.5}
+    tq = ray.remote(TransferQueue).options(num_cpus=0).remote()
+    worker = (
+        ray.remote(RolloutWorker)
+        .options(num_cpus=0, max_concurrency=2)
+        .remote(str(tiny_model_dir), tq, 0, 1, tool_env)
+    )
+    prompt = {"prompt": "3+4=", "data_source": "arith/single_digit_sum", "ground_truth": "7"}
+    rows = {f"p{i}": dict(prompt) for i in range(3)}
+    ray.get(
+        tq.put.remote("train", rows, {k: {"kind": "prompt", "status": "pending", "version": 0} for k in rows})
+    )
+    params = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4}
+    worker.enqueue.remote("train", ["p0"], 4, params)
+    _wait_for(lambda: ray.get(tq.count.remote("train", group_id="p0")) == 4)
+    records = ray.get(tq.get.remote("train", [f"p0/{j}" for j in range(4)]))
+    latency = ToolEnvConfig(**tool_env).build()
+    assert latency is not None
+    assert [r["tool_latency_seconds"] for r in records] == [latency(f"p0/{j}") for j in range(4)]
+    # Generated but not finished: the group waits for its slowest sandbox call, in the background.
+    assert ray.get(tq.get_tags.remote("train", ["p0"]))[0]["status"] == "running"
+    assert ray.get(worker.pop_activity.remote())["groups_awaiting_tools"] == 1
+    _wait_for(lambda: ray.get(tq.get_tags.remote("train", ["p0"]))[0]["status"] == "finished", 10)
+    assert time.time() >= max(r["tool_done_at"] for r in records)
+    # The blocking call (sync mode) returns only once every tool call has returned.
+    started = time.time()
+    ray.get(worker.generate_prompts.remote("train", ["p1", "p2"], 4, params))
+    slowest = max(latency(f"p{i}/{j}") for i in (1, 2) for j in range(4))
+    assert time.time() - started >= slowest
+    assert [t["status"] for t in ray.get(tq.get_tags.remote("train", ["p1", "p2"]))] == ["finished"] * 2
+    assert ray.get(worker.generation_errors.remote()) == []
+    ray.kill(worker)
+    ray.kill(tq)
+
+
 def _async_config(small_run_config: dict[str, Any], mode: str, **trainer: Any) -> Config:
     cfg = copy.deepcopy(small_run_config)
     cfg["trainer"].update(mode=mode, **trainer)
+    cfg["rollout"]["tool_env"] = LONG_TAIL
     return Config.model_validate(cfg)
 
 
@@ -95,6 +139,7 @@ def test_colocate_async_three_steps_through_prefect_staleness_at_most_one(
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert m["replay/staleness_max"] <= 1, m
+        assert 0.0 <= m["rollout/idle_fraction"] < 1.0 and m["rollout/busy_seconds"] > 0
         assert m["rollout/version/0"] == m["step"]  # the replica serves the weights just pushed
         assert 0.0 <= m["reward/mean"] <= 1.0 and "actor/loss" in m
     assert metrics[1]["replay/staleness_max"] == 1  # step 2 trains the prefetched, version-0 groups
@@ -107,6 +152,7 @@ def _separate_config(small_run_config: dict[str, Any], backend: str = "bucketed"
         mode="separate_async", total_steps=2, parameter_sync_step=2, use_prefect=False, val_every_steps=0
     )
     cfg["rollout"]["weight_sync"] = {"backend": backend, "transport": "shm", "bucket_size_bytes": 1 << 16}
+    cfg["rollout"]["tool_env"] = LONG_TAIL
     cfg["replay"] = replay
     return Config.model_validate(cfg)
 

@@ -19,3 +19,16 @@ def test_each_registered_mode_has_a_deployment() -> None:
 def test_deployment_overrides_load(mode: str) -> None:
     config = load_config(None, deployment_overrides(mode))
     assert config.trainer.mode == mode
+
+
+def test_separate_async_defaults_apply_only_where_the_user_set_nothing() -> None:
+    config = load_config(None, ["trainer.mode=separate_async"])
+    assert config.trainer.parameter_sync_step == 4
+    assert config.rollout.weight_sync.backend == "bucketed"
+    config = load_config(
+        None,
+        ["trainer.mode=separate_async", "trainer.parameter_sync_step=2", "rollout.weight_sync.backend=delta"],
+    )
+    assert config.trainer.parameter_sync_step == 2 and config.rollout.weight_sync.backend == "delta"
+    assert load_config(None, ["trainer.mode=colocate_async"]).trainer.parameter_sync_step == 1
+    assert load_config(None, []).trainer.parameter_sync_step == 1

@@ -65,12 +65,13 @@ def test_dispatch_keeps_a_fixed_number_of_groups_outstanding_one_group_at_a_time
 
 
 def test_drop_evicts_a_stale_finished_group_and_refills_exactly_one() -> None:
-    buffer, tq, replica = make(ReplayConfig(max_off_policy_threshold=2, prefetch_batches=0))
+    buffer, tq, replica = make(ReplayConfig(max_off_policy_threshold=3, prefetch_batches=0))
     tq.put("val", {"v0": {"prompt": "x"}}, {"v0": {"kind": "prompt", "status": "pending"}})
     buffer.dispatch(2, step=1)
-    # At step 5 the trainer holds version 4. p0 mixes versions 1 and 4: staleness 4 - 1 = 3 > 2.
+    # At step 5 the trainer holds version 4. p0 mixes versions 1 and 4: 4 - 1 = 3 versions
+    # behind, R-7.2 staleness 3 + 1 = 4 > 3: evicted.
     finish(tq, "p0", [[1, 1, 4], [4]])
-    finish(tq, "p1", [[2], [3]])  # staleness 4 - 2 = 2: kept
+    finish(tq, "p1", [[2], [3]])  # 2 versions behind, staleness 3 = the threshold: kept
     with pytest.raises(SampleTimeoutError):  # p0 evicted, its refill p2 is not generated yet
         buffer.cfg.sample_timeout_seconds = 0.05
         buffer.sample(2, step=5)
@@ -97,14 +98,14 @@ def test_samples_are_taken_oldest_token_version_first() -> None:
 
 def test_wait_blocks_while_a_late_prompt_is_at_the_threshold_and_drops_nothing() -> None:
     buffer, tq, _ = make(
-        ReplayConfig(max_off_policy_threshold=2, staleness_strategy="wait", prefetch_batches=0)
+        ReplayConfig(max_off_policy_threshold=3, staleness_strategy="wait", prefetch_batches=0)
     )
     buffer.dispatch(2, step=1)  # p0, p1 dispatched under version 0
     tq.set_tags("train", {"p0": {"status": "running"}})
     finish(tq, "p1", [[0], [0]])
     result: dict[str, str] = {}
     sampler = threading.Thread(target=lambda: result.update(batch=buffer.sample(1, step=3)))
-    sampler.start()  # step 3: trainer version 2, p0 is 2 - 0 = 2 >= 2 behind: sampling blocks
+    sampler.start()  # step 3: trainer version 2, p0 is 2 behind, staleness 3 >= 3: sampling blocks
     time.sleep(0.3)
     assert sampler.is_alive() and not result
     finish(tq, "p0", [[0], [0]])  # the late prompt arrives (staleness 2, not dropped under wait)
