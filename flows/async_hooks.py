@@ -26,12 +26,14 @@ class AsyncTrainerHooks(BaseTrainer):
 
     replay_buffer_class: type = ReplayBufferAsync
 
-    def groups_per_update(self) -> int:
-        return self.config.trainer.train_batch_size // self.config.trainer.parameter_sync_step
-
     def on_train_begin(self) -> None:
-        """Warm-up: dispatch the first batches before training starts."""
-        self.replay_buffer.dispatch(self.groups_per_update(), step=1)
+        """Warm-up: dispatch the first global batches before training starts.
+
+        Counted in global batches (train_batch_size groups, times 1 + prefetch_batches): a
+        long tool-call tail needs about a global step's worth of groups in flight, or the
+        trainer of separate_async waits on the slowest few groups of every local update.
+        """
+        self.replay_buffer.dispatch(self.config.trainer.train_batch_size, step=1)
 
     def on_train_end(self) -> None:
         """Stop background generation; a replica already gone must not keep teardown from running."""

@@ -48,7 +48,8 @@ class BaseTrainer(ABC):
     replay_buffer_class: type = ReplayBuffer
     """The mode's replay buffer (R-2.9); ``replay.sampler`` in the config replaces it."""
     mode_defaults: ClassVar[dict[str, Any]] = {}
-    """Dotted config keys this mode defaults differently; applied at load where the user set none."""
+    """Dotted config keys this mode defaults differently, applied at load where the user set none
+    (a callable value gets the raw config data and returns the default)."""
 
     def __init__(self, config: Config, run_id: str | None = None) -> None:
         errors = self.config_errors(config)

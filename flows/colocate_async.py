@@ -9,6 +9,8 @@ the partial rollouts continue under the new weights, so their tokens span versio
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from rl_train import tasks
 from rl_train.flows.async_hooks import AsyncTrainerHooks
 from rl_train.flows.registry import register_trainer
@@ -17,6 +19,12 @@ from rl_train.flows.step import PhaseRunner
 
 @register_trainer("colocate_async")
 class ColocateAsyncTrainer(AsyncTrainerHooks):
+    mode_defaults: ClassVar[dict[str, Any]] = {
+        # at most 1 version behind (R-7.2 staleness 2). Partial rollouts meet it by
+        # construction; a group held past its step by a slow tool call is evicted instead.
+        "replay.max_off_policy_threshold": 2,
+    }
+
     def on_sample_begin(self, step: int, local_update: int) -> None:
         if local_update:  # later local updates of a global step sample with the same weights
             self.rollout_call("wake_up")

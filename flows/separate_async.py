@@ -26,6 +26,9 @@ class SeparateAsyncTrainer(AsyncTrainerHooks):
     mode_defaults: ClassVar[dict[str, Any]] = {
         "trainer.parameter_sync_step": 4,
         "rollout.weight_sync.backend": "bucketed",  # pushes cross pools
+        # staleness <= parameter_sync_step versions behind, i.e. staleness <= pss + 1,
+        # also for groups that a long tool call kept out past their step: older ones are evicted.
+        "replay.max_off_policy_threshold": lambda data: int(data["trainer"]["parameter_sync_step"]) + 1,
     }
 
     @classmethod

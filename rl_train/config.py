@@ -247,7 +247,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def apply_mode_defaults(data: dict[str, Any]) -> None:
     """Fill in the trainer mode's own defaults (``mode_defaults`` on its class, R-2.3) for the
-    keys that the file and the overrides leave unset; what the user wrote always wins."""
+    keys that the file and the overrides leave unset; what the user wrote always wins. A
+    callable default is computed from the data as filled in so far."""
     from rl_train.flows.registry import TRAINERS, load_builtin_trainers
 
     load_builtin_trainers()
@@ -256,6 +257,11 @@ def apply_mode_defaults(data: dict[str, Any]) -> None:
     if not isinstance(mode, str) or mode not in TRAINERS:
         return  # reported, with the registered names, once the tree has loaded
     for dotted, value in TRAINERS.get(mode).mode_defaults.items():
+        if callable(value):  # derived from what is set by now (earlier defaults included)
+            try:
+                value = value(data)
+            except (KeyError, TypeError, ValueError):
+                continue  # an input is malformed or missing: validation reports it
         *sections, leaf = dotted.split(".")
         node = data
         for key in sections:

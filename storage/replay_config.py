@@ -14,7 +14,7 @@ from rl_train.algorithms.config import StrictModel
 
 class ReplayConfig(StrictModel):
     max_off_policy_threshold: int = Field(8, ge=1)
-    """R-7.2 staleness limit (staleness = versions behind + 1): drop evicts finished groups above it; wait blocks at it."""
+    """R-7.2 staleness limit (versions behind + 1); drop evicts finished groups above it, wait blocks at it. Mode defaults: colocate_async 2, separate_async parameter_sync_step + 1."""
     staleness_strategy: Literal["drop", "wait"] = "drop"
     """drop: evict stale finished groups and refill; wait: block sampling while an in-flight prompt is at the limit."""
     filter_groups: bool = False

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import ray
 
-from rl_train.config import Config
+from rl_train.config import Config, apply_mode_defaults
 from rl_train.engines.model.tiny import load_policy
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
 from rl_train.engines.weight_sync.naive import NaiveBackend
@@ -124,6 +124,7 @@ def _async_config(small_run_config: dict[str, Any], mode: str, **trainer: Any) -
     cfg = copy.deepcopy(small_run_config)
     cfg["trainer"].update(mode=mode, **trainer)
     cfg["rollout"]["tool_env"] = LONG_TAIL
+    apply_mode_defaults(cfg)  # as load_config does: colocate_async's threshold keeps staleness <= 1
     return Config.model_validate(cfg)
 
 
@@ -154,6 +155,7 @@ def _separate_config(small_run_config: dict[str, Any], backend: str = "bucketed"
     cfg["rollout"]["weight_sync"] = {"backend": backend, "transport": "shm", "bucket_size_bytes": 1 << 16}
     cfg["rollout"]["tool_env"] = LONG_TAIL
     cfg["replay"] = replay
+    apply_mode_defaults(cfg)
     return Config.model_validate(cfg)
 
 

@@ -35,7 +35,7 @@ SEPARATE = ["trainer.mode=separate_async", "rollout.weight_sync.backend=bucketed
 def test_separate_async_init_validations_are_clear_config_errors() -> None:
     load_config(None, [*SEPARATE, "trainer.train_batch_size=8", "trainer.parameter_sync_step=2"])
     with pytest.raises(ConfigError, match="rollout.weight_sync.backend: 'naive'"):
-        load_config(None, ["trainer.mode=separate_async"])
+        load_config(None, ["trainer.mode=separate_async", "rollout.weight_sync.backend=naive"])
     with pytest.raises(
         ConfigError, match=r"must equal trainer.parameter_sync_step \(2\) x actor.ppo_mini_batch_size \(2\)"
     ):

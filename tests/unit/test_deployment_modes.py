@@ -25,10 +25,22 @@ def test_separate_async_defaults_apply_only_where_the_user_set_nothing() -> None
     config = load_config(None, ["trainer.mode=separate_async"])
     assert config.trainer.parameter_sync_step == 4
     assert config.rollout.weight_sync.backend == "bucketed"
+    assert config.replay.max_off_policy_threshold == 5  # at most 4 versions behind
+    derived = load_config(None, ["trainer.mode=separate_async", "trainer.parameter_sync_step=2"])
+    assert derived.replay.max_off_policy_threshold == 3  # follows the user's parameter_sync_step
     config = load_config(
         None,
         ["trainer.mode=separate_async", "trainer.parameter_sync_step=2", "rollout.weight_sync.backend=delta"],
     )
     assert config.trainer.parameter_sync_step == 2 and config.rollout.weight_sync.backend == "delta"
-    assert load_config(None, ["trainer.mode=colocate_async"]).trainer.parameter_sync_step == 1
-    assert load_config(None, []).trainer.parameter_sync_step == 1
+    colocate = load_config(None, ["trainer.mode=colocate_async"])
+    assert colocate.trainer.parameter_sync_step == 1
+    assert colocate.replay.max_off_policy_threshold == 2  # at most 1 version behind
+    assert (
+        load_config(
+            None, ["trainer.mode=colocate_async", "replay.max_off_policy_threshold=8"]
+        ).replay.max_off_policy_threshold
+        == 8
+    )
+    sync = load_config(None, [])
+    assert sync.trainer.parameter_sync_step == 1 and sync.replay.max_off_policy_threshold == 8

@@ -1,0 +1,171 @@
+"""Trained samples per second of the three trainer modes on the long-tail tool environment.
+
+Every mode trains the same policy on the same prompts for the same number of global steps
+(so the same number of trained samples), on the same CPUs, with the same number of
+optimizer steps per global step, and every trajectory ends with the same simulated sandbox
+call (``rollout.tool_env = long_tail_sandbox``: lognormal latency, a pure function of the
+trajectory key, so each mode meets the same tail on the same prompts). What differs is
+only what the mode overlaps:
+
+- ``sync`` waits, every step, for the slowest sandbox call of the batch, then trains;
+- ``colocate_async`` trains on the groups that are done while the rest of the tail (and
+  the prefetched next batch) keeps running in the sandboxes;
+- ``separate_async`` keeps a standalone rollout pool generating on its own share of the
+  CPUs, with ``parameter_sync_step`` local updates per global step.
+
+The clock runs from the trainer's first hook (before any warm-up dispatch) to the end of
+its last step, so start-up (Ray, actors) is left out for every mode alike. The table gives
+samples/s and the ratio to sync, measured in this run, plus the staleness (versions behind),
+evictions, rollout idle fraction and trainer wait of each mode, and the reward reached.
+
+    python -m rl_train.bench.async_vs_sync                     # defaults below
+    python -m rl_train.bench.async_vs_sync --steps 20 --median-seconds 0.2
+    python -m rl_train.bench.async_vs_sync --modes sync separate_async actor.lr=0.002
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from rl_train.config import Config, load_config  # noqa: E402
+from rl_train.flows.registry import get_trainer_class  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("sync", "colocate_async", "separate_async")
+
+
+def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
+    """Same work in every mode; only the overlap and the CPU split differ."""
+    cpus = os.cpu_count() or 2
+    common = [
+        f"trainer.mode={mode}",
+        f"trainer.total_steps={args.steps}",
+        f"trainer.train_batch_size={args.batch}",
+        f"actor.ppo_mini_batch_size={args.batch // args.parameter_sync_step}",
+        f"rollout.n={args.n}",
+        "trainer.val_every_steps=0",
+        "trainer.val_before_train=false",
+        f"trainer.use_prefect={str(args.prefect).lower()}",
+        "rollout.tool_env.name=long_tail_sandbox",
+        f"rollout.tool_env.latency_median_seconds={args.median_seconds}",
+        f"rollout.tool_env.latency_sigma={args.sigma}",
+        f"run.name=async-vs-sync-{mode}",
+        f"run.output_dir={args.output_dir}",
+    ]
+    if mode == "separate_async":  # the standalone pool gets its own share of the cores
+        rollout_threads = max(cpus // 2, 1)
+        return [
+            *common,
+            f"trainer.parameter_sync_step={args.parameter_sync_step}",
+            "rollout.weight_sync.backend=bucketed",
+            "rollout.weight_sync.transport=shm",
+            f"rollout.num_threads={rollout_threads}",
+            f"actor.num_threads={max(cpus - rollout_threads, 1)}",
+        ]
+    # Co-located modes alternate rollout and training on all the cores.
+    return [
+        *common,
+        "trainer.parameter_sync_step=1",
+        f"rollout.num_threads={cpus}",
+        f"actor.num_threads={cpus}",
+    ]
+
+
+def run_mode(mode: str, config: Config) -> dict[str, Any]:
+    base = get_trainer_class(mode)
+
+    class Timed(base):  # type: ignore[misc, valid-type]
+        clock: dict[str, float] = {}
+
+        def on_train_begin(self) -> None:
+            self.clock["start"] = time.perf_counter()
+            super().on_train_begin()
+
+        def on_train_end(self) -> None:
+            super().on_train_end()
+            self.clock["end"] = time.perf_counter()
+
+    history = Timed(config).fit()
+    seconds = Timed.clock["end"] - Timed.clock["start"]
+    samples = config.trainer.total_steps * config.trainer.train_batch_size * config.rollout.n
+    last = history[-max(len(history) // 4, 1) :]
+
+    def total(key: str) -> float:
+        return sum(m.get(key, 0.0) for m in history)
+
+    return {
+        "mode": mode,
+        "seconds": seconds,
+        "samples_per_second": samples / seconds,
+        "staleness_mean": mean(m.get("replay/staleness_mean", 0.0) for m in history),
+        "staleness_max": max(m.get("replay/staleness_max", 0.0) for m in history),
+        "evicted": {r: total(f"replay/evicted_{r}") for r in ("staleness", "filter", "failure")},
+        "rescues": total("replay/rescue_activations"),
+        "rollout_idle": mean(m["rollout/idle_fraction"] for m in history),
+        "trainer_wait_s": total("replay/sample_wait_seconds"),
+        "reward_first": history[0]["reward/mean"],
+        "reward_last": mean(m["reward/mean"] for m in last),
+    }
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    baseline = next((r["samples_per_second"] for r in rows if r["mode"] == "sync"), None)
+    lines = [
+        "| mode | wall s | samples/s | vs sync | staleness mean / max | evicted stale / filter / fail "
+        "| rescues | rollout idle | trainer wait s | reward first -> last quarter |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        ratio = f"{r['samples_per_second'] / baseline:.2f}x" if baseline else "-"
+        ev = r["evicted"]
+        lines.append(
+            f"| {r['mode']} | {r['seconds']:.1f} | {r['samples_per_second']:.1f} | {ratio} "
+            f"| {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} "
+            f"| {ev['staleness']:.0f} / {ev['filter']:.0f} / {ev['failure']:.0f} | {r['rescues']:.0f} "
+            f"| {r['rollout_idle']:.0%} | {r['trainer_wait_s']:.1f} "
+            f"| {r['reward_first']:.2f} -> {r['reward_last']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", default=str(REPO / "configs" / "arith-tiny.yaml"))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--steps", type=int, default=16, help="global steps per mode")
+    parser.add_argument("--batch", type=int, default=32, help="prompt groups per global step")
+    parser.add_argument("--n", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--parameter-sync-step", type=int, default=4, help="separate_async local updates")
+    parser.add_argument("--median-seconds", type=float, default=0.1, help="sandbox latency p50")
+    parser.add_argument("--sigma", type=float, default=1.4, help="lognormal shape (1.4: p99/p50 = 26)")
+    parser.add_argument("--prefect", action="store_true", help="run steps as Prefect flows (off: direct)")
+    parser.add_argument("--output-dir", default="/tmp/rl-train-bench")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides applied to every mode")
+    args = parser.parse_args(argv)
+    rows = []
+    for mode in args.modes:
+        config = load_config(args.config, [*mode_overrides(mode, args), *args.overrides])
+        rows.append(run_mode(mode, config))
+        print(f"{mode}: {rows[-1]['samples_per_second']:.1f} samples/s", file=sys.stderr, flush=True)
+    tail = config.rollout.tool_env
+    print(
+        f"long-tail sandbox: p50 {tail.quantile_seconds(0.5):.2f}s, p99 {tail.quantile_seconds(0.99):.2f}s; "
+        f"{args.steps} steps x {args.batch} groups x {args.n} samples per mode; {os.cpu_count()} CPUs"
+    )
+    print(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()
