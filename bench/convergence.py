@@ -1,7 +1,7 @@
 """How many global steps each algorithm needs to learn the demo task (arithmetic, CPU).
 
 Runs the demo training (``configs/arith-tiny.yaml`` through ``run_training``, phases called
-directly, no Prefect) once per variant, one after the other, and stops a run as soon as the
+directly, no Prefect) once per variant (an algorithm, or a trainer mode with grpo + vanilla), one after the other, and stops a run as soon as the
 training ``reward/mean`` averaged over the last ``--window`` steps reaches ``--target``, or at
 ``--max-steps``. Prints one row per variant: steps to the target (or the best windowed mean
 reached), and wall seconds including start-up. The steps are read back from the run's
@@ -9,6 +9,7 @@ reached), and wall seconds including start-up. The steps are read back from the 
 
     python -m rl_train.bench.convergence                         # all variants
     python -m rl_train.bench.convergence --variants grpo gspo --max-steps 300
+    python -m rl_train.bench.convergence --variants grpo colocate_async separate_async  # the modes
     python -m rl_train.bench.convergence actor.lr=0.003          # overrides apply to every variant
 
 Early stop: the check runs in the trainer's ``on_step_begin`` hook (patched for the duration of
@@ -41,6 +42,16 @@ VARIANTS = {
     "rloo": ["algorithm.adv_estimator=rloo", "actor.policy_loss=vanilla"],
     "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus", "actor.policy_loss=vanilla"],
     "gspo": ["algorithm.adv_estimator=grpo", "actor.policy_loss=gspo"],
+    # The trainer modes, with grpo + vanilla. separate_async does one mini-batch per local
+    # update (R-2.6), so 8 local updates of 8 groups keep the demo's 8 optimizer steps per
+    # global step; its standalone pool and the trainer split the cores.
+    "colocate_async": ["trainer.mode=colocate_async"],
+    "separate_async": [
+        "trainer.mode=separate_async",
+        "trainer.parameter_sync_step=8",
+        "rollout.num_threads=1",
+        "actor.num_threads=1",
+    ],
 }
 
 

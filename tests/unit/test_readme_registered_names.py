@@ -13,6 +13,7 @@ from rl_train.algorithms.config import ROLLOUT_CORRECTION_PRESETS
 from rl_train.algorithms.kl import KL_ESTIMATORS
 from rl_train.algorithms.policy_loss import POLICY_LOSSES
 from rl_train.algorithms.thresholds import RS_OPTIONS
+from rl_train.engines.rollout.tool_env import TOOL_ENVS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 TABLES = {
@@ -22,6 +23,7 @@ TABLES = {
     "Loss aggregation modes": AGGREGATORS.names(),
     "Rollout-correction presets": list(ROLLOUT_CORRECTION_PRESETS),
     "Rejection-sampling options": list(RS_OPTIONS),
+    "Tool environments": TOOL_ENVS.names(),
 }
 
 

@@ -1,0 +1,69 @@
+"""The async-vs-sync bench gives every mode the same work and reports ratios to sync."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from rl_train.bench.async_vs_sync import MODES, REPO, format_table, mode_overrides
+from rl_train.bench.convergence import VARIANTS
+from rl_train.config import load_config
+
+ARGS = argparse.Namespace(
+    steps=5,
+    batch=32,
+    n=8,
+    parameter_sync_step=4,
+    median_seconds=0.1,
+    sigma=1.4,
+    prefect=False,
+    output_dir="/tmp/x",
+)
+
+
+def test_each_mode_loads_with_the_same_work_and_the_same_tail() -> None:
+    configs = {m: load_config(REPO / "configs" / "arith-tiny.yaml", mode_overrides(m, ARGS)) for m in MODES}
+    for mode, c in configs.items():
+        assert c.trainer.mode == mode
+        samples = c.trainer.total_steps * c.trainer.train_batch_size * c.rollout.n
+        assert samples == 5 * 32 * 8  # the same trained samples
+        optimizer_steps = c.trainer.parameter_sync_step * (
+            c.trainer.train_batch_size // c.trainer.parameter_sync_step // c.actor.ppo_mini_batch_size
+        )
+        assert optimizer_steps == 4  # the same updates per global step
+        assert (
+            c.rollout.tool_env.name == "long_tail_sandbox"
+            and c.rollout.tool_env.latency_median_seconds == 0.1
+        )
+    assert configs["separate_async"].trainer.parameter_sync_step == 4
+    assert configs["separate_async"].rollout.weight_sync.backend == "bucketed"
+
+
+def test_table_reports_ratios_to_sync_from_the_same_run() -> None:
+    def row(mode: str, rate: float) -> dict[str, object]:
+        return {
+            "mode": mode,
+            "seconds": 10.0,
+            "samples_per_second": rate,
+            "staleness_mean": 0.5,
+            "staleness_max": 1.0,
+            "evicted": {"staleness": 2.0, "filter": 0.0, "failure": 0.0},
+            "rescues": 0.0,
+            "rollout_idle": 0.5,
+            "trainer_wait_s": 1.0,
+            "reward_first": 0.1,
+            "reward_last": 0.2,
+        }
+
+    table = format_table([row("sync", 10.0), row("colocate_async", 15.0), row("separate_async", 27.5)])
+    lines = table.splitlines()
+    assert "| sync | 10.0 | 10.0 | 1.00x |" in lines[2]
+    assert "| colocate_async | 10.0 | 15.0 | 1.50x |" in lines[3]
+    assert "| separate_async | 10.0 | 27.5 | 2.75x |" in lines[4]
+
+
+@pytest.mark.parametrize("variant", ["colocate_async", "separate_async"])
+def test_convergence_bench_mode_variants_load(variant: str) -> None:
+    config = load_config(REPO / "configs" / "arith-tiny.yaml", VARIANTS[variant])
+    assert config.trainer.mode == variant
