@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_slow_unless_asked(config, items)
     try:
         import torch
 
@@ -26,6 +27,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh on a GPU machine)")
     for item in items:
         if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def _skip_slow_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow learning runs (minutes each) run only when selected: ``-m slow`` or RL_TRAIN_RUN_SLOW=1."""
+    if "slow" in (config.getoption("markexpr") or "") or os.environ.get("RL_TRAIN_RUN_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow learning run: select with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
             item.add_marker(skip)
 
 
