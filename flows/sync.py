@@ -20,4 +20,6 @@ class SyncTrainer(BaseTrainer):
     def on_step_end(self, step: int, run: PhaseRunner) -> dict[str, float]:
         metrics = run(tasks.weight_sync, self.run_id, step)
         self.rollout_call("wake_up")
-        return metrics
+        assert self.context is not None
+        pop_metrics = getattr(self.context.replay_buffer, "pop_metrics", dict)  # custom samplers may lack it
+        return {**metrics, **pop_metrics()}

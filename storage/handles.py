@@ -26,3 +26,15 @@ def cast(handle: Any, method: str, *args: Any, **kwargs: Any) -> None:
         remote(*args, **kwargs)
     else:
         bound(*args, **kwargs)
+
+
+def submit(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Start ``method``: a Ray object reference for an actor, the result itself for a plain object."""
+    bound = getattr(handle, method)
+    remote = getattr(bound, "remote", None)
+    return remote(*args, **kwargs) if remote is not None else bound(*args, **kwargs)
+
+
+def wait_all(pending: list[Any]) -> list[Any]:
+    """Results of ``submit`` calls, in order."""
+    return [ray.get(p) if isinstance(p, ray.ObjectRef) else p for p in pending]

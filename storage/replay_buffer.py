@@ -4,16 +4,28 @@ Prompts enter the TransferQueue as ``pending`` records, one group per prompt; ro
 replicas mark them ``running`` and ``finished`` and write ``n`` trajectories each. A group is
 sampleable once its prompt is finished and all its trajectories are present; samples are
 taken oldest first. The async buffers of the async modes share this interface.
+
+DAPO group filter (R-7.3, opt-in with ``replay.filter_groups``): after each generation
+round the groups without gradient are evicted, and each evicted group is refilled with two
+fresh prompts (a second round would otherwise often come up short again). Once enough groups
+with gradient are ready, dispatch stops (draining) and ``sample`` discards the surplus. After
+``replay.max_filter_rounds`` rounds, groups without gradient fill what is still missing (they
+contribute zero advantage) and are counted as ``replay/filter_shortfall``, so a policy that
+solves everything slows down instead of stalling.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from typing import Any
 
-import ray
-
 from rl_train.storage.dataset import PromptLoader
+from rl_train.storage.group_scoring import groups_with_gradient, trajectory_keys
+from rl_train.storage.handles import call, submit, wait_all
+from rl_train.storage.replay_config import ReplayConfig
+
+PARTITION = "train"
 
 
 class ReplayBuffer:
@@ -24,49 +36,96 @@ class ReplayBuffer:
         loader: PromptLoader,
         n: int,
         sampling: dict[str, Any],
-        config: Any = None,
+        config: ReplayConfig | None = None,
         rewards: list[Any] | None = None,
     ) -> None:
-        """``config`` (``replay.*``) and ``rewards`` are accepted for a common signature; sync needs neither."""
-        self.tq = tq
-        self.rollouts = rollouts
-        self.loader = loader
-        self.n = n
-        self.sampling = sampling
+        """``rewards`` (the reward pool) scores groups for the DAPO filter; nothing else needs it."""
+        self.tq, self.rollouts, self.loader, self.n, self.sampling = tq, rollouts, loader, n, sampling
+        self.cfg = config or ReplayConfig()
+        self.rewards = rewards or []
+        self._counts: Counter[str] = Counter()
 
     def dispatch(self, num_groups: int, step: int) -> list[str]:
-        """Put ``num_groups`` new prompts as pending and have the replicas generate them (blocking)."""
+        """Generate ``num_groups`` new prompt groups (blocking); with the DAPO filter, keep
+        generating until that many carry gradient. Returns every group left in the queue."""
+        keys = self._generate(num_groups, step)
+        if not self.cfg.filter_groups:
+            return keys
+        ready: list[str] = []
+        for round_number in range(1, self.cfg.max_filter_rounds + 1):
+            verdict = groups_with_gradient(self.tq, self.rewards, PARTITION, keys, self.n)
+            ready += [k for k in keys if verdict[k]]
+            no_gradient = [k for k in keys if not verdict[k]]
+            if len(ready) < num_groups and round_number == self.cfg.max_filter_rounds:
+                filler = no_gradient[: num_groups - len(ready)]
+                ready += filler
+                no_gradient = no_gradient[len(filler) :]
+                self._counts["filter_shortfall"] += len(filler)
+            self._delete(no_gradient)
+            self._counts["evicted_filter"] += len(no_gradient)
+            if len(ready) >= num_groups:
+                break  # draining: no more dispatch; sample discards the surplus
+            keys = self._generate(2 * len(no_gradient), step)
+            self._counts["refill"] += len(keys)
+        return ready
+
+    def _generate(self, num_groups: int, step: int) -> list[str]:
         taken = self.loader.take(num_groups)
         records = {f"p{index}": dict(row, prompt_step=step) for index, row in taken}
         tags = {key: {"kind": "prompt", "status": "pending", "step": step} for key in records}
-        ray.get(self.tq.put.remote("train", records, tags))
+        call(self.tq, "put", PARTITION, records, tags)
         keys = list(records)
         shards = [keys[i :: len(self.rollouts)] for i in range(len(self.rollouts))]
-        ray.get(
+        # every replica generates at once, then each is awaited
+        wait_all(
             [
-                replica.generate_prompts.remote("train", shard, self.n, self.sampling)
-                for replica, shard in zip(self.rollouts, shards, strict=True)
-                if shard
+                submit(r, "generate_prompts", PARTITION, s, self.n, self.sampling)
+                for r, s in zip(self.rollouts, shards, strict=True)
+                if s
             ]
         )
         return keys
 
     def sample(self, num_groups: int, step: int) -> str:
-        """A batch of ``num_groups`` complete groups (oldest first); returns its batch id."""
-        finished = ray.get(self.tq.query.remote("train", kind="prompt", status="finished"))
+        """A batch of ``num_groups`` complete groups (oldest first); returns its batch id.
+
+        Finished groups beyond ``num_groups`` (the DAPO filter's over-provisioning) are discarded.
+        """
+        finished = call(self.tq, "query", PARTITION, kind="prompt", status="finished")
         if len(finished) < num_groups:
             raise RuntimeError(f"replay buffer: {len(finished)} finished groups, {num_groups} requested")
-        groups = finished[:num_groups]
-        keys = [f"{group}/{j}" for group in groups for j in range(self.n)]
+        groups, surplus = finished[:num_groups], finished[num_groups:]
+        if surplus:
+            self._delete(surplus)
+            self._counts["discarded_surplus"] += len(surplus)
         batch_id = f"step{step}-{uuid.uuid4().hex[:8]}"
-        ray.get(self.tq.put_batch.remote(batch_id, "train", keys, groups=groups, step=step))
+        call(
+            self.tq,
+            "put_batch",
+            batch_id,
+            PARTITION,
+            trajectory_keys(groups, self.n),
+            groups=groups,
+            step=step,
+        )
         return batch_id
+
+    def _delete(self, groups: list[str]) -> None:
+        if groups:
+            call(self.tq, "delete", PARTITION, groups + trajectory_keys(groups, self.n))
 
     def release(self, batch_id: str) -> None:
         """Forget a trained batch: its trajectories and their prompts leave the queue."""
-        batch = ray.get(self.tq.get_batch.remote(batch_id))
-        ray.get(self.tq.delete.remote("train", batch["groups"]))
-        ray.get(self.tq.drop_batch.remote(batch_id))
+        batch = call(self.tq, "get_batch", batch_id)
+        call(self.tq, "delete", PARTITION, batch["groups"])
+        call(self.tq, "drop_batch", batch_id)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The DAPO filter's figures since the last call (zeros when it is off)."""
+        names = ("evicted_filter", "refill", "discarded_surplus", "filter_shortfall")
+        metrics = {f"replay/{name}": float(self._counts[name]) for name in names}
+        self._counts.clear()
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {"loader_position": self.loader.position}

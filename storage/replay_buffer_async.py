@@ -37,8 +37,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from rl_train.algorithms.group_filter import classify_groups
 from rl_train.storage.dataset import PromptLoader
+from rl_train.storage.group_scoring import groups_with_gradient
 from rl_train.storage.handles import call, cast
 from rl_train.storage.replay_config import ReplayConfig
 
@@ -209,21 +209,7 @@ class ReplayBufferAsync:
     def _classify(self, groups: list[str]) -> dict[str, bool]:
         """group -> has gradient (R-7.3); groups are scored once, on the reward pool if needed."""
         new = [g for g in groups if g not in self._has_gradient]
-        if new:
-            keys = self._trajectory_keys(new)
-            records = call(self.tq, "get", PARTITION, keys)
-            if any("reward" not in r for r in records):
-                shards = [keys[i :: len(self.rewards)] for i in range(len(self.rewards))]
-                for worker, shard in zip(self.rewards, shards, strict=True):
-                    if shard:
-                        call(worker, "score", PARTITION, shard)
-                records = call(self.tq, "get", PARTITION, keys)
-            verdict = classify_groups(
-                [float(r["reward"]) for r in records],
-                [r["group_id"] for r in records],
-                [bool(r.get("is_infra", False)) for r in records],
-            )
-            self._has_gradient.update({g: verdict.get(g, False) for g in new})
+        self._has_gradient.update(groups_with_gradient(self.tq, self.rewards, PARTITION, new, self.n))
         return {g: self._has_gradient[g] for g in groups}
 
     def _handle_failed(self, groups: list[str]) -> int:

@@ -18,7 +18,9 @@ class ReplayConfig(StrictModel):
     staleness_strategy: Literal["drop", "wait"] = "drop"
     """drop: evict stale finished groups and refill; wait: block sampling while an in-flight prompt is at the limit."""
     filter_groups: bool = False
-    """DAPO group filter (R-7.3): evict groups whose valid scores all agree (no gradient) and refill them."""
+    """DAPO group filter (R-7.3): evict groups whose valid scores all agree (no gradient); sync refills 2 per evicted group and discards the surplus, async refills 1."""
+    max_filter_rounds: int = Field(8, ge=1)
+    """sync DAPO filter: generation rounds per batch; then groups without gradient fill what is missing."""
     refill_failed_groups: bool = False
     """Evict failed groups and draw fresh prompts for them (off: a failed prompt is retried as it is)."""
     prefetch_batches: int = Field(1, ge=0)

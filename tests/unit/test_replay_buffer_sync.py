@@ -1,0 +1,87 @@
+"""The sync replay buffer's DAPO filter (R-7.3): evict k, refill 2k, drain, discard the surplus."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rl_train.storage.dataset import PromptLoader
+from rl_train.storage.replay_buffer import ReplayBuffer
+from rl_train.storage.replay_config import ReplayConfig
+from rl_train.storage.transfer_queue import TransferQueue
+
+N = 2
+
+
+class ScriptedReplica:
+    """The rollout edge: writes N trajectories per prompt whose scores the prompt text dictates
+    ("mixed" -> one right, one wrong: gradient; "same" -> both right: no gradient)."""
+
+    def __init__(self, tq: TransferQueue) -> None:
+        self.tq = tq
+        self.calls: list[list[str]] = []
+
+    def generate_prompts(self, partition: str, keys: list[str], n: int, params: dict[str, Any]) -> list[str]:
+        self.calls.append(list(keys))
+        records, tags = {}, {}
+        for key, prompt in zip(keys, self.tq.get(partition, keys), strict=True):
+            rewards = [1.0, 0.0] if prompt["prompt"] == "mixed" else [1.0, 1.0]
+            for j in range(n):
+                records[f"{key}/{j}"] = {"group_id": key, "reward": rewards[j]}
+                tags[f"{key}/{j}"] = {"kind": "trajectory", "status": "eos", "group_id": key}
+        self.tq.put(partition, records, tags)
+        self.tq.set_tags(partition, {k: {"status": "running"} for k in keys})
+        self.tq.set_tags(partition, {k: {"status": "finished"} for k in keys})
+        return list(records)
+
+
+def make(kinds: list[str], **replay: Any) -> tuple[ReplayBuffer, TransferQueue, ScriptedReplica, list[str]]:
+    """A buffer whose i-th drawn prompt is of kind ``kinds[i]``; also returns the drawn keys in order."""
+    probe = PromptLoader([{"row": i} for i in range(len(kinds))])
+    order = [row["row"] for _, row in probe.take(len(kinds))]  # dataset row drawn at each position
+    prompts: list[dict[str, Any]] = [{}] * len(kinds)
+    for position, index in enumerate(order):
+        prompts[index] = {"prompt": kinds[position], "data_source": "d", "ground_truth": "0"}
+    tq = TransferQueue()
+    replica = ScriptedReplica(tq)
+    buffer = ReplayBuffer(tq, [replica], PromptLoader(prompts), N, {}, config=ReplayConfig(**replay))
+    return buffer, tq, replica, [f"p{position}" for position in range(len(kinds))]
+
+
+def test_filter_evicts_k_refills_2k_then_drains_and_discards_the_surplus() -> None:
+    # Round 1: p0..p3 -> p1 and p3 have no gradient (k = 2): evicted, 2k = 4 refills p4..p7.
+    # Round 2: p4, p5, p6 have gradient: 2 + 3 = 5 >= 4 ready -> dispatch stops (draining).
+    kinds = ["mixed", "same", "mixed", "same", "mixed", "mixed", "mixed", "same", "mixed"]
+    buffer, tq, replica, p = make(kinds, filter_groups=True)
+    buffer.dispatch(4, step=1)
+    assert replica.calls == [p[0:4], p[4:8]]
+    assert tq.count("train", group_id=p[1]) == 0 and tq.count("train", group_id=p[7]) == 0
+    batch = tq.get_batch(buffer.sample(4, step=1))
+    assert batch["groups"] == [p[0], p[2], p[4], p[5]]  # oldest first
+    assert tq.query("train", kind="prompt") == [p[0], p[2], p[4], p[5]]  # p6: surplus, discarded
+    assert buffer.loader.position == 8
+    assert buffer.pop_metrics() == {
+        "replay/evicted_filter": 3.0,  # p1, p3, then p7
+        "replay/refill": 4.0,  # 2 x 2 after round 1; none after round 2 (drained)
+        "replay/discarded_surplus": 1.0,
+        "replay/filter_shortfall": 0.0,
+    }
+
+
+def test_filter_fills_with_no_gradient_groups_after_the_last_round() -> None:
+    buffer, tq, replica, p = make(
+        ["mixed", "same", "same", "same"] * 5, filter_groups=True, max_filter_rounds=2
+    )
+    buffer.dispatch(2, step=1)
+    # Round 1: p0 ok, p1 evicted -> refill p2, p3 (round 2, the last): both without gradient,
+    # one of them fills the batch, the other is evicted.
+    assert replica.calls == [p[0:2], p[2:4]]
+    assert tq.get_batch(buffer.sample(2, step=1))["groups"] == [p[0], p[2]]
+    metrics = buffer.pop_metrics()
+    assert metrics["replay/filter_shortfall"] == 1 and metrics["replay/evicted_filter"] == 2
+
+
+def test_without_the_filter_every_group_is_kept() -> None:
+    buffer, tq, _, p = make(["same"] * 4)
+    assert buffer.dispatch(2, step=1) == p[0:2]
+    assert tq.get_batch(buffer.sample(2, step=1))["groups"] == p[0:2]
+    assert set(buffer.pop_metrics().values()) == {0.0}
