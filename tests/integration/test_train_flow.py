@@ -60,11 +60,14 @@ def test_three_global_steps_through_prefect_and_ray(
 def test_sync_run_without_prefect_over_streaming_weight_sync(
     small_run_config: dict[str, Any], ray_local, backend: str
 ) -> None:
-    """Same phases called directly; weights reach two rollout replicas over shared memory."""
+    """Same phases called directly; weights reach two rollout replicas over shared memory; the
+    DAPO filter scores groups on the reward pool and refills them (the policy starts near 0.05
+    reward, so most groups of 4 are all wrong: no gradient)."""
     from rl_train.flows.train import run_training
 
     cfg = copy.deepcopy(small_run_config)
     cfg["trainer"].update(use_prefect=False, total_steps=2)
+    cfg["replay"] = {"filter_groups": True}
     cfg["rollout"].update(
         num_replicas=2, weight_sync={"backend": backend, "transport": "shm", "bucket_size_bytes": 1 << 16}
     )
@@ -72,5 +75,7 @@ def test_sync_run_without_prefect_over_streaming_weight_sync(
     metrics = read_metrics(summary["run_dir"])
     assert len(metrics) == 2 and all(f"timing/{p}" in metrics[0] for p in PHASES if p != "ref")
     assert metrics[-1]["weight_sync/bytes"] > 0
+    assert metrics[0]["replay/evicted_filter"] > 0 and metrics[0]["replay/refill"] > 0
+    assert metrics[0]["reward/mean"] > 0  # every trained group has a right answer (or fills a shortfall)
     for boundary in ("quiesce", "export", "transport", "receive", "recover"):
         assert f"timing/weight_sync/{boundary}" in metrics[-1]
