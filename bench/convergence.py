@@ -42,13 +42,17 @@ VARIANTS = {
     "rloo": ["algorithm.adv_estimator=rloo", "actor.policy_loss=vanilla"],
     "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus", "actor.policy_loss=vanilla"],
     "gspo": ["algorithm.adv_estimator=grpo", "actor.policy_loss=gspo"],
-    # The trainer modes, with grpo + vanilla. separate_async does one mini-batch per local
-    # update (R-2.6), so 8 local updates of 8 groups keep the demo's 8 optimizer steps per
-    # global step; its standalone pool and the trainer split the cores.
+    # The trainer modes, with grpo + vanilla (and the async modes' default token-level IS).
+    # separate_async does one mini-batch per local update (R-2.6); 4 local updates of 32
+    # groups keep each optimizer step about as diverse as the demo's (64 prompts, 2 samples
+    # each): with 8 prompts per step it did not learn in 40 steps. Its standalone pool and
+    # the trainer split the cores.
     "colocate_async": ["trainer.mode=colocate_async"],
     "separate_async": [
         "trainer.mode=separate_async",
-        "trainer.parameter_sync_step=8",
+        "trainer.train_batch_size=128",
+        "trainer.parameter_sync_step=4",
+        "actor.ppo_mini_batch_size=32",
         "rollout.num_threads=1",
         "actor.num_threads=1",
     ],

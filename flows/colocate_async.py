@@ -20,6 +20,7 @@ from rl_train.flows.step import PhaseRunner
 @register_trainer("colocate_async")
 class ColocateAsyncTrainer(AsyncTrainerHooks):
     mode_defaults: ClassVar[dict[str, Any]] = {
+        **AsyncTrainerHooks.mode_defaults,
         # at most 1 version behind (R-7.2 staleness 2). Partial rollouts meet it by
         # construction; a group held past its step by a slow tool call is evicted instead.
         "replay.max_off_policy_threshold": 2,

@@ -24,6 +24,7 @@ from rl_train.flows.step import PhaseRunner
 @register_trainer("separate_async")
 class SeparateAsyncTrainer(AsyncTrainerHooks):
     mode_defaults: ClassVar[dict[str, Any]] = {
+        **AsyncTrainerHooks.mode_defaults,
         "trainer.parameter_sync_step": 4,
         "rollout.weight_sync.backend": "bucketed",  # pushes cross pools
         # staleness <= parameter_sync_step versions behind, i.e. staleness <= pss + 1,

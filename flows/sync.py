@@ -14,6 +14,10 @@ from rl_train.flows.step import PhaseRunner
 
 @register_trainer("sync")
 class SyncTrainer(BaseTrainer):
+    def on_sample_begin(self, step: int, local_update: int) -> None:
+        if local_update:  # parameter_sync_step > 1: the next local update samples with the same weights
+            self.rollout_call("wake_up")
+
     def on_sample_end(self, step: int, local_update: int) -> None:
         self.rollout_call("sleep")
 
