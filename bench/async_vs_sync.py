@@ -11,7 +11,11 @@ only what the mode overlaps:
 - ``colocate_async`` trains on the groups that are done while the rest of the tail (and
   the prefetched next batch) keeps running in the sandboxes;
 - ``separate_async`` keeps a standalone rollout pool generating on its own share of the
-  CPUs, with ``parameter_sync_step`` local updates per global step.
+  CPUs, with ``parameter_sync_step`` local updates per global step and one global batch in
+  flight beyond the one being trained (``replay.prefetch_batches = parameter_sync_step``).
+
+The async modes run with their defaults: token-level IS and the staleness thresholds that
+hold colocate_async to 1 version behind and separate_async to ``parameter_sync_step``.
 
 The clock runs from the trainer's first hook (before any warm-up dispatch) to the end of
 its last step, so start-up (Ray, actors) is left out for every mode alike. The table gives
@@ -67,6 +71,8 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
         return [
             *common,
             f"trainer.parameter_sync_step={args.parameter_sync_step}",
+            # one global batch in flight beyond the one being trained covers the tool tail
+            f"replay.prefetch_batches={args.parameter_sync_step}",
             "rollout.weight_sync.backend=bucketed",
             "rollout.weight_sync.transport=shm",
             f"rollout.num_threads={rollout_threads}",
