@@ -13,7 +13,8 @@ if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
   fi
 fi
 
-[ -x .venv/bin/python ] || python3 -m venv .venv
+# a venv left half-made by an interrupted run (no pip in it) is made again
+.venv/bin/python -m pip --version >/dev/null 2>&1 || python3 -m venv --clear .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[cpu,test,mooncake-cpu]'
 
