@@ -89,13 +89,14 @@ class ReplayBuffer:
     def sample(self, num_groups: int, step: int) -> str:
         """A batch of ``num_groups`` complete groups (oldest first); returns its batch id.
 
-        Finished groups beyond ``num_groups`` (the DAPO filter's over-provisioning) are discarded.
+        With the DAPO filter on, finished groups beyond ``num_groups`` (its over-provisioning)
+        are discarded; without it they stay for the next sample.
         """
         finished = call(self.tq, "query", PARTITION, kind="prompt", status="finished")
         if len(finished) < num_groups:
             raise RuntimeError(f"replay buffer: {len(finished)} finished groups, {num_groups} requested")
         groups, surplus = finished[:num_groups], finished[num_groups:]
-        if surplus:
+        if surplus and self.cfg.filter_groups:  # the filter's over-provisioning (R-7.3)
             self._delete(surplus)
             self._counts["discarded_surplus"] += len(surplus)
         batch_id = f"step{step}-{uuid.uuid4().hex[:8]}"
