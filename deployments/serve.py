@@ -3,7 +3,8 @@
 ``prefect deployment run rl-train/sync -p config=configs/arith-tiny.yaml`` (or
 ``rl-train/colocate``, ``rl-train/separate``) then starts a training run in the serving
 process's runner. Each mode's deployment pins ``trainer.mode``
-through an override, so a deployment always runs the mode its name says.
+through the flow's ``mode`` parameter, so a deployment always runs the mode its name says,
+whatever ``overrides`` a run passes.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ DEPLOYMENT_MODES = {"sync": "sync", "colocate": "colocate_async", "separate": "s
 """Deployment name -> trainer mode."""
 
 
-def deployment_overrides(mode: str) -> list[str]:
-    """Only the mode is pinned; its own defaults (e.g. separate_async's parameter_sync_step 4)
-    come from the mode's class and never override what the run's config file sets."""
-    return [f"trainer.mode={mode}"]
+def deployment_parameters(mode: str) -> dict[str, Any]:
+    """Default parameters of a mode's deployment: only the mode is pinned (through ``mode``,
+    which a run's own ``overrides`` cannot replace); the mode's other defaults (e.g.
+    separate_async's parameter_sync_step 4) come from its class and never override what the
+    run's config file sets."""
+    return {"config": None, "overrides": [], "mode": mode}
 
 
 def build_deployments() -> list[Any]:
@@ -30,7 +33,7 @@ def build_deployments() -> list[Any]:
         deployments.append(
             train_flow.to_deployment(
                 name=name,
-                parameters={"config": None, "overrides": deployment_overrides(mode)},
+                parameters=deployment_parameters(mode),
                 description=f"rl-train in {mode} mode: pass -p config=<yaml> and optionally overrides",
                 tags=["rl-train", mode],
             )

@@ -38,8 +38,23 @@ def run_training(config: Config, run_id: str | None = None) -> dict[str, Any]:
 
 @flow(name="rl-train", validate_parameters=False, log_prints=True)
 def train_flow(
-    config: str | None = None, overrides: list[str] | None = None, resolved: dict[str, Any] | None = None
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    resolved: dict[str, Any] | None = None,
+    mode: str | None = None,
 ) -> dict[str, Any]:
-    """Train with the config file ``config`` plus dotted ``overrides`` (or a ``resolved`` dict)."""
-    cfg = Config.model_validate(resolved) if resolved is not None else load_config(config, overrides or [])
-    return run_training(cfg)
+    """Train with the config file ``config`` plus dotted ``overrides`` (or a ``resolved`` dict).
+
+    ``mode`` (set by each deployment) pins ``trainer.mode`` after the overrides, so a run
+    that passes its own ``overrides`` still runs the mode its deployment is named for.
+    """
+    return run_training(resolve_config(config, overrides, resolved, mode))
+
+
+def resolve_config(
+    config: str | None, overrides: list[str] | None, resolved: dict[str, Any] | None, mode: str | None
+) -> Config:
+    """The run's config from the flow's parameters; ``mode`` wins over the overrides."""
+    if resolved is not None:
+        return Config.model_validate(resolved)
+    return load_config(config, [*(overrides or []), *([f"trainer.mode={mode}"] if mode else [])])

@@ -90,9 +90,11 @@ def test_deployment_run_trains(prefect_server: dict[str, str], small_run_yaml: P
                 str(BIN / "prefect"),
                 "deployment",
                 "run",
-                "rl-train/sync",
+                "rl-train/colocate",
                 "-p",
                 f"config={small_run_yaml}",
+                "-p",  # a run's own overrides: the deployment still pins its mode
+                'overrides=["trainer.mode=sync", "trainer.total_steps=2"]',
                 "--watch",
             ],
             env=env,
@@ -106,4 +108,5 @@ def test_deployment_run_trains(prefect_server: dict[str, str], small_run_yaml: P
         serve.terminate()
         serve.wait(timeout=60)
     runs_dir = Path(__import__("yaml").safe_load(small_run_yaml.read_text())["run"]["output_dir"]) / "it"
-    assert len((runs_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    assert len((runs_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert "mode: colocate_async" in (runs_dir / "config.yaml").read_text()

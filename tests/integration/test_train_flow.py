@@ -67,7 +67,9 @@ def test_sync_run_without_prefect_over_streaming_weight_sync(
 
     cfg = copy.deepcopy(small_run_config)
     # delta: two local updates per global step (rollout wakes again for the second sample)
-    cfg["trainer"].update(use_prefect=False, total_steps=2, parameter_sync_step=2 if backend == "delta" else 1)
+    cfg["trainer"].update(
+        use_prefect=False, total_steps=2, parameter_sync_step=2 if backend == "delta" else 1
+    )
     cfg["replay"] = {"filter_groups": True}
     cfg["rollout"].update(
         num_replicas=2, weight_sync={"backend": backend, "transport": "shm", "bucket_size_bytes": 1 << 16}

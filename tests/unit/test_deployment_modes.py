@@ -1,12 +1,13 @@
-"""Every trainer mode has a deployment whose pinned overrides load as a valid config."""
+"""Every trainer mode has a deployment whose pinned mode loads as a valid config."""
 
 from __future__ import annotations
 
 import pytest
 
 from rl_train.config import load_config
-from rl_train.deployments.serve import DEPLOYMENT_MODES, build_deployments, deployment_overrides
+from rl_train.deployments.serve import DEPLOYMENT_MODES, build_deployments, deployment_parameters
 from rl_train.flows.registry import TRAINERS, load_builtin_trainers
+from rl_train.flows.train import resolve_config
 
 
 def test_each_registered_mode_has_a_deployment() -> None:
@@ -16,9 +17,13 @@ def test_each_registered_mode_has_a_deployment() -> None:
 
 
 @pytest.mark.parametrize("mode", sorted(DEPLOYMENT_MODES.values()))
-def test_deployment_overrides_load(mode: str) -> None:
-    config = load_config(None, deployment_overrides(mode))
-    assert config.trainer.mode == mode
+def test_deployment_parameters_load_and_pin_the_mode_past_a_runs_overrides(mode: str) -> None:
+    params = deployment_parameters(mode)
+    overrides = ["trainer.mode=sync", "trainer.total_steps=3"]  # a run's own list replaces the default
+    config = resolve_config(params["config"], overrides, None, params["mode"])
+    assert config.trainer.mode == mode and config.trainer.total_steps == 3
+    deployment = next(d for d in build_deployments() if d.parameters["mode"] == mode)
+    assert deployment.parameters == params
 
 
 def test_separate_async_defaults_apply_only_where_the_user_set_nothing() -> None:
