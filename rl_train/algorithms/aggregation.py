@@ -58,6 +58,11 @@ def _seq_mean_token_mean(
     return per_seq.sum(), _num_seqs(mask)
 
 
+def needs_norm_length(aggregator: Aggregator) -> bool:
+    """Whether the mode divides by a constant length that the config must give (R-4.3)."""
+    return bool(getattr(aggregator, "needs_norm_length", False))
+
+
 @AGGREGATORS.register("seq-mean-token-sum-norm")
 def _seq_mean_token_sum_norm(
     loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
@@ -66,6 +71,9 @@ def _seq_mean_token_sum_norm(
     # the config requires loss_agg_norm_length for this mode.
     length = norm_length if norm_length is not None else loss.shape[-1]
     return (loss * mask).sum() / length, _num_seqs(mask)
+
+
+_seq_mean_token_sum_norm.needs_norm_length = True  # type: ignore[attr-defined]
 
 
 LOSS_AGG_MODES = tuple(AGGREGATORS.names())

@@ -201,9 +201,16 @@ class PolicyLossConfig(StrictModel):
 
     @model_validator(mode="after")
     def _norm_length_given(self) -> PolicyLossConfig:
-        if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.loss_agg_norm_length is None:
+        from rl_train.algorithms.aggregation import AGGREGATORS, needs_norm_length
+
+        mode = self.loss_agg_mode
+        if (
+            mode in AGGREGATORS
+            and needs_norm_length(AGGREGATORS.get(mode))
+            and self.loss_agg_norm_length is None
+        ):
             raise ValueError(
-                "loss_agg_mode seq-mean-token-sum-norm needs loss_agg_norm_length (a constant, e.g. the max "
+                f"loss_agg_mode {mode} needs loss_agg_norm_length (a constant, e.g. the max "
                 "response length); the padded length would make the loss depend on the micro-batch split"
             )
         return self
