@@ -20,29 +20,16 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from rl_train.storage.dataset import PromptLoader
 from rl_train.storage.group_scoring import groups_with_gradient, trajectory_keys
 from rl_train.storage.handles import call, submit, wait_all
-from rl_train.storage.replay_config import ReplayConfig
+from rl_train.storage.replay_base import ReplayBufferBase
 
 PARTITION = "train"
 
 
-class ReplayBuffer:
-    def __init__(
-        self,
-        tq: Any,
-        rollouts: list[Any],
-        loader: PromptLoader,
-        n: int,
-        sampling: dict[str, Any],
-        config: ReplayConfig | None = None,
-        rewards: list[Any] | None = None,
-    ) -> None:
-        """``rewards`` (the reward pool) scores groups for the DAPO filter; nothing else needs it."""
-        self.tq, self.rollouts, self.loader, self.n, self.sampling = tq, rollouts, loader, n, sampling
-        self.cfg = config or ReplayConfig()
-        self.rewards = rewards or []
+class ReplayBuffer(ReplayBufferBase):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._counts: Counter[str] = Counter()
 
     def dispatch(self, num_groups: int, step: int) -> list[str]:

@@ -37,10 +37,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from rl_train.storage.dataset import PromptLoader
-from rl_train.storage.group_scoring import groups_with_gradient
+from rl_train.storage.group_scoring import groups_with_gradient, trajectory_keys
 from rl_train.storage.handles import call, cast
-from rl_train.storage.replay_config import ReplayConfig
+from rl_train.storage.replay_base import ReplayBufferBase
 
 PARTITION = "train"
 
@@ -67,20 +66,9 @@ def load_sampler_class(spec: str) -> type:
         raise ValueError(f"replay.sampler {spec!r} cannot be loaded: {exc}") from exc
 
 
-class ReplayBufferAsync:
-    def __init__(
-        self,
-        tq: Any,
-        rollouts: list[Any],
-        loader: PromptLoader,
-        n: int,
-        sampling: dict[str, Any],
-        config: ReplayConfig | None = None,
-        rewards: list[Any] | None = None,
-    ) -> None:
-        self.tq, self.rollouts, self.loader, self.n, self.sampling = tq, rollouts, loader, n, sampling
-        self.cfg = config or ReplayConfig()
-        self.rewards = rewards or []
+class ReplayBufferAsync(ReplayBufferBase):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._target = 0
         self._next_replica = 0
         self._sampled: set[str] = set()
@@ -148,7 +136,7 @@ class ReplayBufferAsync:
         self._sampled.update(groups)
         self._staleness += [(step - 1) - self._versions[g] for g in groups]
         self._depth = len(ready) - num_groups
-        keys = [f"{g}/{j}" for g in groups for j in range(self.n)]
+        keys = trajectory_keys(groups, self.n)
         batch_id = f"step{step}-{uuid.uuid4().hex[:8]}"
         call(self.tq, "put_batch", batch_id, PARTITION, keys, groups=groups, step=step)
         return batch_id
@@ -194,14 +182,11 @@ class ReplayBufferAsync:
         order = {k: i for i, k in enumerate(keys)}
         return sorted(ready, key=lambda k: (self._versions[k], order[k])), blocked
 
-    def _trajectory_keys(self, groups: list[str]) -> list[str]:
-        return [f"{g}/{j}" for g in groups for j in range(self.n)]
-
     def _group_versions(self, groups: list[str]) -> dict[str, int]:
         """Oldest token version of each finished group (from its trajectories' version tags)."""
         new = [g for g in groups if g not in self._versions]
         if new:
-            tags = call(self.tq, "get_tags", PARTITION, self._trajectory_keys(new))
+            tags = call(self.tq, "get_tags", PARTITION, trajectory_keys(new, self.n))
             for i, group in enumerate(new):
                 self._versions[group] = min(t["version"] for t in tags[i * self.n : (i + 1) * self.n])
         return {g: self._versions[g] for g in groups}
@@ -218,7 +203,7 @@ class ReplayBufferAsync:
             return self._evict(groups, "failure")
         for group in groups:
             existing = set(call(self.tq, "query", PARTITION, group_id=group))
-            call(self.tq, "delete", PARTITION, [k for k in self._trajectory_keys([group]) if k in existing])
+            call(self.tq, "delete", PARTITION, [k for k in trajectory_keys([group], self.n) if k in existing])
             call(self.tq, "set_tags", PARTITION, {group: {"status": "pending", "partial": False}})
             self._enqueue(group)
             self._counts["retried_failure"] += 1
@@ -226,7 +211,7 @@ class ReplayBufferAsync:
 
     def _evict(self, groups: list[str], reason: str) -> int:
         if groups:
-            call(self.tq, "delete", PARTITION, groups + self._trajectory_keys(groups))
+            call(self.tq, "delete", PARTITION, groups + trajectory_keys(groups, self.n))
             for group in groups:
                 self._versions.pop(group, None)
                 self._has_gradient.pop(group, None)

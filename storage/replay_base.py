@@ -1,0 +1,29 @@
+"""What every replay buffer is built from (R-2.9): the run's queue, replicas, prompts and knobs.
+
+The trainer constructs the mode's buffer, or a custom ``replay.sampler`` class, with these
+arguments; subclassing ``ReplayBufferBase`` is the easy way to write a custom one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rl_train.storage.dataset import PromptLoader
+from rl_train.storage.replay_config import ReplayConfig
+
+
+class ReplayBufferBase:
+    def __init__(
+        self,
+        tq: Any,
+        rollouts: list[Any],
+        loader: PromptLoader,
+        n: int,
+        sampling: dict[str, Any],
+        config: ReplayConfig | None = None,
+        rewards: list[Any] | None = None,
+    ) -> None:
+        """``rewards`` (the reward pool) scores groups for the DAPO filter."""
+        self.tq, self.rollouts, self.loader, self.n, self.sampling = tq, rollouts, loader, n, sampling
+        self.cfg = config or ReplayConfig()
+        self.rewards = rewards or []
