@@ -11,23 +11,6 @@ from typing import Any
 import ray
 
 
-def call(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-    """Call ``method`` and wait for its result."""
-    bound = getattr(handle, method)
-    remote = getattr(bound, "remote", None)
-    return ray.get(remote(*args, **kwargs)) if remote is not None else bound(*args, **kwargs)
-
-
-def cast(handle: Any, method: str, *args: Any, **kwargs: Any) -> None:
-    """Call ``method`` without waiting (a Ray actor runs it in submission order for this caller)."""
-    bound = getattr(handle, method)
-    remote = getattr(bound, "remote", None)
-    if remote is not None:
-        remote(*args, **kwargs)
-    else:
-        bound(*args, **kwargs)
-
-
 def submit(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
     """Start ``method``: a Ray object reference for an actor, the result itself for a plain object."""
     bound = getattr(handle, method)
@@ -38,3 +21,13 @@ def submit(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
 def wait_all(pending: list[Any]) -> list[Any]:
     """Results of ``submit`` calls, in order."""
     return [ray.get(p) if isinstance(p, ray.ObjectRef) else p for p in pending]
+
+
+def call(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Call ``method`` and wait for its result."""
+    return wait_all([submit(handle, method, *args, **kwargs)])[0]
+
+
+def cast(handle: Any, method: str, *args: Any, **kwargs: Any) -> None:
+    """Call ``method`` without waiting (a Ray actor runs it in submission order for this caller)."""
+    submit(handle, method, *args, **kwargs)
