@@ -91,6 +91,7 @@ class RolloutWorker:
             ray.get(self.tq.set_tags.remote(partition, {k: {"status": "failure"} for k in prompt_keys}))
             raise
         by_key = dict(zip(prompt_keys, prompts, strict=True))
+        with_tools = self.tool_latency is not None and partition == "train"
         records, tags = {}, {}
         for result in results:
             key = result.request_id.rsplit("/", 1)[0]
@@ -106,7 +107,8 @@ class RolloutWorker:
                 "data_source": by_key[key]["data_source"],
                 "ground_truth": by_key[key]["ground_truth"],
             }
-            if self.tool_latency is not None and partition == "train" and result.stop_reason != "aborted":
+            if with_tools and result.stop_reason != "aborted":
+                assert self.tool_latency is not None
                 latency = self.tool_latency(result.request_id)
                 records[result.request_id].update(
                     tool_latency_seconds=latency, tool_done_at=time.time() + latency
@@ -122,15 +124,16 @@ class RolloutWorker:
         ray.get(self.tq.put.remote(partition, records, tags))
         unfinished = sorted({k.rsplit("/", 1)[0] for k, t in tags.items() if t["status"] == "aborted"})
         done = [k for k in prompt_keys if k not in unfinished]
-        tool_deadlines: dict[str, float] = {}
-        if self.tool_latency is not None and partition == "train":
-            for key in done:
-                group = [records.get(f"{key}/{j}") or earlier[f"{key}/{j}"] for j in range(n)]
-                tool_deadlines[key] = max(float(r.get("tool_done_at", 0.0)) for r in group)
+
+        def group(key: str) -> list[dict[str, Any]]:  # this batch's trajectories, else the stored ones
+            return [records.get(f"{key}/{j}") or earlier[f"{key}/{j}"] for j in range(n)]
+
+        tool_deadlines = (
+            {k: max(float(r.get("tool_done_at", 0.0)) for r in group(k)) for k in done} if with_tools else {}
+        )
         status = {k: {"status": "finished", "partial": False} for k in done if k not in tool_deadlines}
         for key in unfinished:
-            group = [records.get(f"{key}/{j}") or earlier[f"{key}/{j}"] for j in range(n)]
-            oldest = min((v for r in group for v in r["token_versions"]), default=None)
+            oldest = min((v for r in group(key) for v in r["token_versions"]), default=None)
             status[key] = {"status": "pending", "partial": True}
             if oldest is not None:
                 status[key]["version"] = oldest
