@@ -1,7 +1,8 @@
 """Weight-sync throughput: every backend/transport against memcpy and raw Mooncake, delta vs full.
 
-Sender in this process, receiver (with an engine that copies into preallocated weights, as
-a rollout engine does) in a spawned process. Prints GB/s of a full sync per backend and
+Sender in this process, receiver in a spawned process with an engine that loads into
+preallocated weights as the built-in rollout engine does (whole tensors copied, delta
+entries written in place). Prints GB/s of a full sync per backend and
 transport beside a plain memcpy of the same bytes and a raw Mooncake TCP write of one
 buffer of that size, then the bytes and time of a delta sync against a full one at 1% and
 3% of entries changed. Targets (issue 5): bucketed shm >= 0.6x memcpy, bucketed mooncake
@@ -70,6 +71,11 @@ class CopyingEngine:
     def update_weights(self, named_tensors: Any, version: int) -> None:
         for name, tensor in named_tensors:
             self.weights[name].copy_(tensor)
+
+    def update_weights_sparse(self, updates: Any, version: int) -> None:
+        """As the built-in torch engine does: write the changed entries in place."""
+        for name, index, values in updates:
+            self.weights[name].view(-1).index_copy_(0, index.long(), values)
 
     def reset_prefix_cache(self) -> None: ...
 
@@ -153,10 +159,14 @@ def measure_raw_mooncake(conn: Connection, nbytes: int, repeats: int) -> float:
 class Session:
     """One sender here, its receiver in the worker process."""
 
-    def __init__(self, conn: Connection, backend: str, transport: str, bucket_mb: int) -> None:
+    def __init__(self, conn: Connection, backend: str, transport: str, args: argparse.Namespace) -> None:
         self.conn = conn
         cfg = WeightSyncConfig(
-            backend=backend, transport=transport, bucket_size_bytes=bucket_mb << 20, timeout_seconds=300.0
+            backend=backend,
+            transport=transport,
+            bucket_size_bytes=args.bucket_mb << 20,
+            delta_threads=args.delta_threads,
+            timeout_seconds=300.0,
         )
         self.sender = build_weight_sync_backend(cfg).build_sender()
         self.key = f"{backend}-{transport}"
@@ -181,6 +191,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=64, help="MB of weights to sync (default 64)")
     parser.add_argument("--bucket-mb", type=int, default=32, help="bucket_size_bytes in MiB (default 32)")
+    parser.add_argument(
+        "--delta-threads", type=int, default=2, help="delta_threads of the delta sender (default 2)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; the best is reported")
     parser.add_argument(
         "--transports", nargs="*", default=None, help="transports to run (default: all available here)"
@@ -216,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{total / 1e6:.0f} MB in {len(weights)} tensors, buckets of {args.bucket_mb} MiB")
     full_seconds: dict[str, float] = {}
     for transport in transports:
-        session = Session(conn, "bucketed", transport, args.bucket_mb)
+        session = Session(conn, "bucketed", transport, args)
         session.sync(weights)  # connect and warm up
         full_seconds[transport] = session.best(weights, args.repeats)
         gbps[f"bucketed {transport}"] = total / full_seconds[transport] / 1e9
@@ -257,7 +270,7 @@ def report_delta(
     args: argparse.Namespace,
 ) -> tuple[float, float]:
     """Prints delta against full at 1% and 3% changed; returns (fewer-bytes, speed-up) at 1%."""
-    session = Session(conn, "delta", transport, args.bucket_mb)
+    session = Session(conn, "delta", transport, args)
     session.sync(weights)  # the full seed
     current, ratios = weights, []
     for fraction in (0.01, 0.03):

@@ -57,4 +57,7 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None: ...
 
+    # Optional: update_weights_sparse(updates, version), which lets `delta` syncs write only
+    # the changed entries (see weight_sync.boundaries.accepts_sparse_updates).
+
     def reset_prefix_cache(self) -> None: ...

@@ -10,7 +10,9 @@ has with stop_reason "aborted".
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -19,6 +21,7 @@ from rl_train.engines.model.tiny import load_policy
 from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, SamplingParams
 from rl_train.engines.rollout.sampling import sample_tokens
 from rl_train.engines.weight_sync.base import NamedTensors
+from rl_train.engines.weight_sync.boundaries import SparseUpdates
 
 
 class EngineStateError(RuntimeError):
@@ -152,18 +155,29 @@ class TorchRolloutEngine:
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         """Load HF-named tensors in place and start serving ``version``."""
-        if self._offloaded is not None:
-            target = self._offloaded
-            for name, tensor in named_tensors:
-                if name in target:  # tied aliases (lm_head.weight) are not separate storages
-                    target[name].copy_(tensor)
-        else:
-            # keep_vars: tied weights appear under every name they are known by
-            targets = self.model.state_dict(keep_vars=True)
-            with torch.no_grad():
-                for name, tensor in named_tensors:
-                    dest = targets.get(name)
-                    if dest is None:
-                        raise KeyError(f"update_weights: the rollout model has no tensor named {name!r}")
-                    dest.copy_(tensor)
+        with torch.no_grad():
+            for dest, tensor in self._storages("update_weights", named_tensors):
+                dest.copy_(tensor)
         self.version = version
+
+    def update_weights_sparse(self, updates: SparseUpdates, version: int) -> None:
+        """Overwrite the given flat positions of HF-named tensors in place; serve ``version``."""
+        with torch.no_grad():
+            for dest, index, values in self._storages("update_weights_sparse", updates):
+                dest.view(-1).index_copy_(0, index.to(dest.device, torch.long), values.to(dest.device))
+        self.version = version
+
+    def _storages(self, caller: str, items: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+        """(storage, *rest) for every (HF name, *rest) item.
+
+        While asleep, a tied alias (lm_head.weight) has no storage of its own and is skipped.
+        """
+        offloaded = self._offloaded
+        # keep_vars: tied weights appear under every name they are known by
+        storages = offloaded if offloaded is not None else self.model.state_dict(keep_vars=True)
+        for name, *rest in items:
+            dest = storages.get(name)
+            if dest is not None:
+                yield dest, *rest
+            elif offloaded is None:
+                raise KeyError(f"{caller}: the rollout model has no tensor named {name!r}")

@@ -9,7 +9,7 @@ failure names where it happened.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -59,6 +59,20 @@ class SyncableRolloutEngine(Protocol):
     def reset_prefix_cache(self) -> None: ...
 
     def resume_kv_cache(self) -> None: ...
+
+
+SparseUpdates = Iterable[tuple[str, torch.Tensor, torch.Tensor]]
+"""(tensor name, flat int positions, new values) of entries to overwrite in place."""
+
+
+def accepts_sparse_updates(engine: object) -> bool:
+    """Whether ``engine`` offers ``update_weights_sparse(updates: SparseUpdates, version)``.
+
+    Optional: ``delta`` then writes only the changed entries into the engine's own weights,
+    and its receiver keeps no mirror of the model; without it, ``delta`` keeps a mirror and
+    hands the engine every changed tensor whole through ``update_weights``.
+    """
+    return callable(getattr(engine, "update_weights_sparse", None))
 
 
 PREFIX = "timing/weight_sync/"
@@ -150,7 +164,11 @@ def run_receiver(
         try:
             if received_version != version:
                 raise ReceiveError(f"expected version {version}, the sender sent {received_version}")
-            engine.update_weights(named_tensors, version)
+            load_into = getattr(named_tensors, "load_into", None)
+            if callable(load_into):  # a receiver that knows a better way to load (sparse deltas)
+                load_into(engine, version)
+            else:
+                engine.update_weights(named_tensors, version)
         except BaseException:
             close = getattr(named_tensors, "close", None)
             if callable(close):  # a streaming receiver skips the rest and tells the sender why

@@ -53,6 +53,9 @@ Acquire = Callable[[int], None]
 """Blocks until buffer ``index`` may be overwritten (its previous bucket was consumed)."""
 Emit = Callable[[int, int, list[ChunkMeta]], None]
 """Hands a packed bucket on: (buffer index, bytes used, chunk records)."""
+Direct = Callable[[int, int, torch.Tensor], bool]
+"""Offers a chunk's bytes (buffer index, offset in the bucket, uint8 view of the tensor) to a
+transport that can send them from where they lie; ``True``: taken, the packer copies nothing."""
 
 
 def pack_buckets(
@@ -60,8 +63,13 @@ def pack_buckets(
     buffers: list[torch.Tensor],
     acquire: Acquire,
     emit: Emit,
+    direct: Direct | None = None,
 ) -> int:
-    """Pack every tensor into the alternating ``buffers``; returns the number of buckets emitted."""
+    """Pack every tensor into the alternating ``buffers``; returns the number of buckets emitted.
+
+    With ``direct``, each chunk is first offered to the transport; the bucket layout, and so
+    what receivers see, is the same either way.
+    """
     size = buffers[0].numel()
     index, used, end, num_buckets = 0, 0, 0, 0  # end: last data byte, before any alignment padding
     entries: list[ChunkMeta] = []
@@ -79,8 +87,9 @@ def pack_buckets(
                 index, used, end, entries = 1 - index, 0, 0, []
                 acquire(index)
             count = min(total - offset, size - used)
-            if count:
-                buffers[index][used : used + count].copy_(data[offset : offset + count])
+            piece = data[offset : offset + count]
+            if count and (direct is None or not direct(index, used, piece)):
+                buffers[index][used : used + count].copy_(piece)
             entries.append(
                 ChunkMeta(name, str(tensor.dtype), tuple(tensor.shape), total, offset, used, count)
             )

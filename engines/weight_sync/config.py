@@ -28,6 +28,8 @@ class WeightSyncConfig(StrictModel):
     """Address the sender listens on and receivers dial (the training node's address across hosts)."""
     delta_entries_per_flush: int = Field(1 << 20, ge=1)
     """`delta`: changed (index, value) entries per flush; flushes go by count, never by bytes (R-8.3)."""
+    delta_threads: int = Field(2, ge=1)
+    """`delta`: sender threads that diff each export against the snapshot (a sync-time cost only)."""
 
     @model_validator(mode="after")
     def _check_available(self) -> WeightSyncConfig:

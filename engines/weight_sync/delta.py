@@ -1,7 +1,9 @@
 """``delta``: after a full streamed seed, send only the entries that changed since the last sync.
 
 The sender keeps a snapshot of what it last sent (on GPU clusters: pinned host memory per
-rank) and diffs each export against it; the receiver keeps a mirror of what it last loaded.
+rank) and diffs each export against it (``delta_diff``). An engine that offers
+``update_weights_sparse`` gets the changed entries written in place; for any other engine
+the receiver keeps a mirror of what it loaded and hands over each changed tensor whole.
 A delta sync is received whole and verified (checksums, names, bounds) before anything is
 applied. If any receiver rejects it, the sender logs the error and streams a full resync
 from its snapshot to every receiver in the same call, so all replicas end on the same bits
@@ -17,16 +19,24 @@ from typing import Any
 import torch
 
 from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, NamedTensors
-from rl_train.engines.weight_sync.boundaries import ExportError, TransportError
+from rl_train.engines.weight_sync.boundaries import (
+    ExportError,
+    ReceiveError,
+    TransportError,
+    accepts_sparse_updates,
+)
 from rl_train.engines.weight_sync.bucketed import build_stream_sender
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.engines.weight_sync.delta_codec import (
+    Flush,
+    Layout,
     apply_flushes,
     decode_flushes,
-    diff_into_snapshot,
     encode_flushes,
+    segments,
     verify_flushes,
 )
+from rl_train.engines.weight_sync.delta_diff import SnapshotDiffer
 from rl_train.engines.weight_sync.stream_receiver import StreamedTensors, StreamReceiver
 from rl_train.engines.weight_sync.wire import Deadline
 
@@ -38,6 +48,7 @@ class DeltaSender:
         self._timeout_seconds = cfg.timeout_seconds
         self._entries_per_flush = cfg.delta_entries_per_flush
         self._stream = build_stream_sender(cfg)
+        self._differ = SnapshotDiffer(cfg.delta_threads)
         self._snapshot: dict[str, tuple[torch.Size, torch.Tensor]] = {}
         self._needs_full = True
         self._metrics: dict[str, float] = {}
@@ -96,7 +107,7 @@ class DeltaSender:
                 raise ExportError(
                     f"tensor {name!r} is not in the seed with this shape/dtype; next sync is full"
                 )
-            index, values = diff_into_snapshot(tensor, snapshot)
+            index, values = self._differ.diff(tensor, snapshot)
             if index.numel():
                 yield name, index, values
 
@@ -112,51 +123,91 @@ class DeltaSender:
         return dict(self._metrics)
 
     def close(self) -> None:
+        self._differ.close()
         self._stream.close()
 
 
 class DeltaReceiver:
     def __init__(self, descriptor: dict[str, Any], timeout_seconds: float) -> None:
-        self._stream = StreamReceiver(descriptor, timeout_seconds)
-        self._mirror: dict[str, torch.Tensor] = {}
+        self.stream = StreamReceiver(descriptor, timeout_seconds)
+        self.layout: Layout = {}
+        """Dtype and size of every tensor of the last full sync: what a delta is checked against."""
+        self.mirror: dict[str, torch.Tensor] | None = None
+        """What the engine holds, kept only for engines that load whole tensors."""
 
     def receive(self, payload: Any, timeout_seconds: float) -> tuple[NamedTensors, int]:
         deadline = Deadline(timeout_seconds)
-        header = self._stream.begin(deadline)
+        header = self.stream.begin(deadline)
         version = int(header["version"])
         if header["kind"] == "full":
-            return self._full(version, deadline), version
-        flushes = decode_flushes(self._stream.tensors(deadline))
-        problem = verify_flushes(flushes, self._mirror)
+            return _FullSync(self, version, deadline), version
+        flushes = decode_flushes(self.stream.tensors(deadline))
+        problem = verify_flushes(flushes, self.layout)
         if problem is not None:
             logger.error(
                 "weight sync: rejected delta of version %d (%s); asking for a full resync", version, problem
             )
-        self._stream.send(
-            ("verdict", problem is None, problem or ""), deadline, "reporting the delta verdict"
-        )
-        decision = self._stream.recv_any(deadline, f"waiting for the sender to commit version {version}")
+        self.stream.send(("verdict", problem is None, problem or ""), deadline, "reporting the delta verdict")
+        decision = self.stream.recv_any(deadline, f"waiting for the sender to commit version {version}")
         if decision == ("commit",) and problem is None:
-            changed = apply_flushes(flushes, self._mirror)
-            tensors = ((name, self._mirror[name]) for name in changed)
-            return StreamedTensors(self._stream, tensors, version, deadline), version
+            return _DeltaSync(self, flushes, version, deadline), version
         if decision != ("resync",):
             raise TransportError(f"expected commit or resync for version {version}, got {decision!r}")
-        self._stream.begin(deadline)
-        return self._full(version, deadline), version
-
-    def _full(self, version: int, deadline: Deadline) -> NamedTensors:
-        self._mirror = {}
-        return StreamedTensors(self._stream, self._record(self._stream.tensors(deadline)), version, deadline)
-
-    def _record(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in tensors:
-            owned = tensor.clone()  # the stream lends views of its buckets; the mirror keeps a copy
-            self._mirror[name] = owned
-            yield name, owned
+        self.stream.begin(deadline)
+        return _FullSync(self, version, deadline), version
 
     def close(self) -> None:
-        self._stream.close()
+        self.stream.close()
+
+
+class _FullSync(StreamedTensors):
+    """A full stream. The receiver notes its layout, and mirrors it unless the engine takes sparse updates."""
+
+    def __init__(self, receiver: DeltaReceiver, version: int, deadline: Deadline) -> None:
+        self._receiver, self._keep_mirror = receiver, True
+        receiver.layout, receiver.mirror = {}, None
+        super().__init__(receiver.stream, self._record(receiver.stream.tensors(deadline)), version, deadline)
+
+    def load_into(self, engine: Any, version: int) -> None:
+        self._keep_mirror = not accepts_sparse_updates(engine)
+        engine.update_weights(self, version)
+
+    def _record(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        layout, mirror = self._receiver.layout, {} if self._keep_mirror else None
+        self._receiver.mirror = mirror
+        for name, tensor in tensors:
+            layout[name] = (tensor.dtype, tensor.numel())
+            if mirror is not None:  # the stream lends views of its buckets; the mirror keeps a copy
+                tensor = mirror.setdefault(name, tensor.clone())
+            yield name, tensor
+
+
+class _DeltaSync(StreamedTensors):
+    """A verified, committed delta: written in place by an engine that takes sparse updates, else whole."""
+
+    def __init__(
+        self, receiver: DeltaReceiver, flushes: list[Flush], version: int, deadline: Deadline
+    ) -> None:
+        self._receiver, self._flushes = receiver, flushes
+        super().__init__(receiver.stream, self._changed_tensors(), version, deadline)
+
+    def load_into(self, engine: Any, version: int) -> None:
+        if accepts_sparse_updates(engine):
+            engine.update_weights_sparse(segments(self._flushes), version)
+            self.finish()
+            return
+        if self._receiver.mirror is None:
+            raise ReceiveError(
+                "the engine loads whole tensors, but took sparse updates at the last full sync, so "
+                "this receiver kept no mirror to rebuild them from; the next sync is full"
+            )
+        engine.update_weights(self, version)
+
+    def _changed_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        mirror = self._receiver.mirror
+        assert mirror is not None, "load_into checks for the mirror before the tensors are read"
+        for name in apply_flushes(self._flushes, mirror):
+            yield name, mirror[name]
 
 
 @WEIGHT_SYNC_BACKENDS.register("delta")

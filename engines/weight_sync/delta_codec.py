@@ -1,4 +1,4 @@
-"""Sparse deltas as stream items: diff against a snapshot, group by entry count, checksum, apply.
+"""Sparse deltas as stream items: group changes by entry count, checksum, verify, apply.
 
 A delta of one sync is a list of flushes. Each flush holds up to ``entries_per_flush``
 changed (index, value) entries, possibly from several tensors, and ends with a checksum of
@@ -16,10 +16,8 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 CHECKSUM = "#checksum"
 
 
@@ -29,24 +27,6 @@ class Flush:
     """(tensor name, flat positions, values) in stream order."""
     checksum: int | None = None
     num_entries: int = 0
-
-
-def diff_into_snapshot(current: torch.Tensor, snapshot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat positions where ``current`` differs bitwise from ``snapshot`` (flat), and the new values.
-
-    Compares bit patterns, so -0.0 vs 0.0 and NaN payloads count as changes and the receiver
-    ends bit-identical. The scan runs in numpy over integer views: it is bound by memory
-    bandwidth there, while torch's element mask plus ``nonzero`` cost about three times more
-    on one CPU thread. The snapshot is updated in place to ``current``.
-    """
-    flat = current.detach().reshape(-1).to(snapshot.device)
-    bits = _INT_OF_SIZE[flat.element_size()]
-    elements, previous = flat.view(bits).numpy(), snapshot.view(bits).numpy()
-    found = np.flatnonzero(elements != previous)
-    values = elements[found]
-    previous[found] = values  # writes through to the snapshot
-    index = torch.from_numpy(found.astype(np.int32) if snapshot.numel() < 2**31 else found)
-    return index, torch.from_numpy(values).view(flat.dtype)
 
 
 def checksum(segments: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> int:
@@ -104,7 +84,11 @@ def decode_flushes(items: Iterable[tuple[str, torch.Tensor]]) -> list[Flush]:
     return [flushes[number] for number in sorted(flushes)]
 
 
-def verify_flushes(flushes: list[Flush], mirror: dict[str, torch.Tensor]) -> str | None:
+Layout = dict[str, tuple[torch.dtype, int]]
+"""Name -> (dtype, number of elements) of every tensor of the last full sync."""
+
+
+def verify_flushes(flushes: list[Flush], layout: Layout) -> str | None:
     """The first reason not to apply, or ``None``: checksums, counts, names, dtypes and bounds."""
     for number, flush in enumerate(flushes):
         if flush.checksum is None:
@@ -114,19 +98,24 @@ def verify_flushes(flushes: list[Flush], mirror: dict[str, torch.Tensor]) -> str
         if sum(index.numel() for _, index, _ in flush.segments) != flush.num_entries:
             return f"flush {number} should hold {flush.num_entries} entries"
         for name, index, values in flush.segments:
-            target = mirror.get(name)
-            if target is None or target.dtype != values.dtype or index.numel() != values.numel():
+            dtype, numel = layout.get(name, (None, 0))
+            if dtype != values.dtype or index.numel() != values.numel():
                 return f"flush {number} does not match tensor {name!r} of the last full sync"
-            if index.numel() and (int(index.min()) < 0 or int(index.max()) >= target.numel()):
+            if index.numel() and (int(index.min()) < 0 or int(index.max()) >= numel):
                 return f"flush {number} has positions outside tensor {name!r}"
     return None
+
+
+def segments(flushes: list[Flush]) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Every (tensor name, flat positions, values) of verified flushes, in stream order."""
+    for flush in flushes:
+        yield from flush.segments
 
 
 def apply_flushes(flushes: list[Flush], mirror: dict[str, torch.Tensor]) -> list[str]:
     """Write verified flushes into ``mirror`` in place; returns the changed tensor names in order."""
     changed: dict[str, None] = {}
-    for flush in flushes:
-        for name, index, values in flush.segments:
-            mirror[name].view(-1)[index.long()] = values
-            changed[name] = None
+    for name, index, values in segments(flushes):
+        mirror[name].view(-1).index_copy_(0, index.long(), values)
+        changed[name] = None
     return list(changed)

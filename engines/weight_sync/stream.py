@@ -84,15 +84,18 @@ class StreamSender:
         self.broadcast(("begin", header), deadline, "announcing a sync")
         in_flight: dict[int, Future[None]] = {}
         counter = {"bucket": 0, "bytes": 0}
+        direct = getattr(self._transport, "place_direct", None)
+        release = getattr(self._transport, "release", None)
 
         def acquire(index: int) -> None:
             future = in_flight.pop(index, None)
-            if future is None:
-                return
-            self._wait(future, deadline, f"pushing bucket buffer {index}")
-            self.gather(
-                "ack", deadline, f"to release bucket buffer {index} (version {header.get('version')})"
-            )
+            if future is not None:
+                self._wait(future, deadline, f"pushing bucket buffer {index}")
+                self.gather(
+                    "ack", deadline, f"to release bucket buffer {index} (version {header.get('version')})"
+                )
+            if release is not None:  # what a bucket that was never pushed left behind goes too
+                release(index)
 
         def emit(index: int, nbytes: int, chunks: list[ChunkMeta]) -> None:
             in_flight[index] = self._pusher.submit(
@@ -102,7 +105,7 @@ class StreamSender:
             counter["bytes"] += nbytes
 
         try:
-            num_buckets = pack_buckets(named_tensors, self._transport.buffers, acquire, emit)
+            num_buckets = pack_buckets(named_tensors, self._transport.buffers, acquire, emit, direct)
             for index in list(in_flight):  # insertion order is emission order, the order of the acks
                 acquire(index)
         except BaseException as exc:

@@ -150,15 +150,21 @@ class StreamedTensors:
         try:
             return next(self._tensors)
         except StopIteration:
-            if not self._finished:
-                self._finished = True
-                self._stream.send(
-                    ("done", self._version), self._deadline, f"reporting version {self._version}"
-                )
+            self.finish()
             raise
         except BaseException:
             self._finished = True  # the stream itself failed: nothing left to skip or report
             raise
+
+    def load_into(self, engine: Any, version: int) -> None:
+        """Hand the tensors to ``engine.update_weights``; subclasses may load them another way."""
+        engine.update_weights(self, version)
+
+    def finish(self) -> None:
+        """Tell the sender this version is loaded (once, when the tensors run out)."""
+        if not self._finished:
+            self._finished = True
+            self._stream.send(("done", self._version), self._deadline, f"reporting version {self._version}")
 
     def close(self, reason: str = "the receiving engine stopped before loading every tensor") -> None:
         if self._finished:

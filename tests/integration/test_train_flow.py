@@ -82,3 +82,6 @@ def test_sync_run_without_prefect_over_streaming_weight_sync(
     assert metrics[0]["reward/mean"] > 0  # every trained group has a right answer (or fills a shortfall)
     for boundary in ("quiesce", "export", "transport", "receive", "recover"):
         assert f"timing/weight_sync/{boundary}" in metrics[-1]
+    if backend == "delta":  # step 2's sync is a delta, written in place by the built-in engine
+        assert 0 < metrics[-1]["weight_sync/delta_bytes"] == metrics[-1]["weight_sync/bytes"]
+        assert metrics[-1]["weight_sync/full_resync"] == 0.0

@@ -173,3 +173,27 @@ def test_weights_pushed_while_asleep_are_served_after_wake(tiny_model_dir) -> No
     for name, tensor in donor.model.state_dict().items():
         torch.testing.assert_close(engine.model.state_dict()[name], tensor)
     assert engine.version == 2
+
+
+@pytest.mark.parametrize("asleep", [False, True])
+def test_sparse_updates_overwrite_only_the_given_entries(tiny_model_dir, asleep: bool) -> None:
+    engine = TorchRolloutEngine(tiny_model_dir)
+    before = {name: t.detach().clone() for name, t in engine.model.state_dict().items()}
+    name = next(iter(before))
+    index = torch.tensor([0, 3, before[name].numel() - 1], dtype=torch.int32)
+    values = torch.tensor([1.5, -2.0, 7.0], dtype=before[name].dtype)
+    if asleep:
+        engine.sleep()
+    engine.update_weights_sparse([(name, index, values)], version=5)
+    if asleep:
+        engine.wake_up()
+    after = engine.model.state_dict()
+    expected = before[name].clone()
+    expected.view(-1)[index.long()] = values
+    assert torch.equal(after[name], expected)
+    untouched = [other for other in before if after[other].data_ptr() != after[name].data_ptr()]  # not tied
+    assert untouched and all(torch.equal(after[other], before[other]) for other in untouched)
+    assert engine.version == 5
+    if not asleep:
+        with pytest.raises(KeyError, match="update_weights_sparse: .* no tensor named 'nope'"):
+            engine.update_weights_sparse([("nope", index, values)], version=6)

@@ -2,8 +2,8 @@
 
 Uses the Mooncake TransferEngine with peer-to-peer handshakes (no metadata server): every
 receiver registers two bucket buffers and tells the sender its session address and the
-buffer addresses; the sender registers its own two buffers and writes with
-``transfer_sync_write``. Over TCP on CPU hosts (``mooncake-transfer-engine-non-cuda`` plus
+buffer addresses; the sender registers its own two buffers and writes each bucket with
+one ``batch_transfer_sync_write``, big chunks straight from the exported tensors. Over TCP on CPU hosts (``mooncake-transfer-engine-non-cuda`` plus
 ``libibverbs1``), over RDMA with the CUDA wheel on GPU clusters.
 """
 
@@ -43,7 +43,15 @@ def _register(engine: Any, buffers: list[torch.Tensor]) -> None:
             raise TransportError("Mooncake could not register a bucket buffer")
 
 
+DIRECT_MIN_BYTES = 256 << 10
+"""Chunks at least this big are written from the tensor's own memory; smaller ones are packed."""
+
+
 class Sender:
+    """Writes each bucket with one batch of writes: big chunks straight from the exported
+    tensors (registered for the time of the write, no packing copy), the rest from the
+    sender's own bucket buffer, at the same offsets, so receivers see the usual bucket."""
+
     data_before_meta = True
 
     def __init__(self, bucket_size_bytes: int, host: str) -> None:
@@ -51,6 +59,10 @@ class Sender:
         self.buffers = [torch.zeros(bucket_size_bytes, dtype=torch.uint8) for _ in range(2)]
         _register(self._engine, self.buffers)
         self._peers: list[tuple[str, list[int]]] = []
+        self._direct: list[list[tuple[int, int, torch.Tensor]]] = [[], []]
+        """Per buffer: (offset in the bucket, bytes, the chunk's uint8 view, kept alive until written)."""
+        self._registered: dict[int, int] = {}
+        """Address -> how many pending chunks start there (one export may alias a tensor)."""
 
     def descriptor(self) -> dict[str, Any]:
         return {}
@@ -62,14 +74,54 @@ class Sender:
     def attach(self, conns: list[socket.socket], deadline: Deadline) -> None:
         return None
 
+    def place_direct(self, index: int, offset: int, data: torch.Tensor) -> bool:
+        if data.numel() < DIRECT_MIN_BYTES or data.device.type != "cpu":
+            return False
+        address = data.data_ptr()
+        if address not in self._registered:
+            if self._engine.register_memory(address, data.numel()) != 0:
+                return False  # not registrable here: the packer copies it instead
+            self._registered[address] = 0
+        self._registered[address] += 1
+        self._direct[index].append((offset, data.numel(), data))
+        return True
+
+    def segments(self, index: int, nbytes: int) -> list[tuple[int, int, int]]:
+        """(source address, offset in the bucket, bytes) covering ``[0, nbytes)`` of bucket ``index``."""
+        staged, cursor, pieces = self.buffers[index].data_ptr(), 0, []
+        for offset, length, data in self._direct[index]:
+            if offset > cursor:
+                pieces.append((staged + cursor, cursor, offset - cursor))
+            pieces.append((data.data_ptr(), offset, length))
+            cursor = offset + length
+        if nbytes > cursor:
+            pieces.append((staged + cursor, cursor, nbytes - cursor))
+        return pieces
+
     def push(self, index: int, nbytes: int, deadline: Deadline) -> None:
-        source = self.buffers[index].data_ptr()
+        pieces = self.segments(index, nbytes)
+        if not pieces:
+            return
+        sources, offsets, lengths = (list(column) for column in zip(*pieces, strict=True))
         for rank, (session, addresses) in enumerate(self._peers):
             deadline.remaining(f"writing a bucket to receiver {rank} over Mooncake")
-            if self._engine.transfer_sync_write(session, source, addresses[index], nbytes) != 0:
+            targets = [addresses[index] + offset for offset in offsets]
+            if self._engine.batch_transfer_sync_write(session, sources, targets, lengths) != 0:
                 raise TransportError(f"Mooncake write of a bucket to receiver {rank} at {session} failed")
 
+    def release(self, index: int) -> None:
+        """Forget bucket ``index``'s direct chunks once written (or abandoned)."""
+        for _, _, data in self._direct[index]:
+            address = data.data_ptr()
+            self._registered[address] -= 1
+            if not self._registered[address]:
+                del self._registered[address]
+                self._engine.unregister_memory(address)
+        self._direct[index] = []
+
     def close(self) -> None:
+        for index in range(len(self._direct)):
+            self.release(index)
         for buffer in self.buffers:
             self._engine.unregister_memory(buffer.data_ptr())
         self._peers = []

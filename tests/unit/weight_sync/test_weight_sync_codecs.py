@@ -11,12 +11,8 @@ from pydantic import ValidationError
 
 from rl_train.engines.weight_sync.buckets import ChunkMeta, TensorAssembler, pack_buckets
 from rl_train.engines.weight_sync.config import WeightSyncConfig
-from rl_train.engines.weight_sync.delta_codec import (
-    decode_flushes,
-    diff_into_snapshot,
-    encode_flushes,
-    verify_flushes,
-)
+from rl_train.engines.weight_sync.delta_codec import decode_flushes, encode_flushes, verify_flushes
+from rl_train.engines.weight_sync.delta_diff import SCAN_ELEMENTS, SnapshotDiffer, split_ranges
 
 
 def test_bucket_layout_keeps_small_tensors_whole_and_chunks_big_ones() -> None:
@@ -59,19 +55,58 @@ def test_flushes_are_cut_by_entry_count_whatever_the_dtype() -> None:
     flushes = decode_flushes(encode_flushes(changes, entries_per_flush=5))
     assert [flush.num_entries for flush in flushes] == [5, 5, 1]
     assert [[name for name, _, _ in flush.segments] for flush in flushes] == [["w"], ["w", "q"], ["q"]]
-    mirror = {"w": torch.zeros(7), "q": torch.zeros(4, dtype=torch.int8)}
-    assert verify_flushes(flushes, mirror) is None
+    layout = {"w": (torch.float32, 7), "q": (torch.int8, 4)}
+    assert verify_flushes(flushes, layout) is None
+    assert (
+        verify_flushes(flushes, layout | {"q": (torch.int8, 3)}) == "flush 2 has positions outside tensor 'q'"
+    )
+    assert verify_flushes(flushes, layout | {"w": (torch.bfloat16, 7)}) == (
+        "flush 0 does not match tensor 'w' of the last full sync"
+    )
     flushes[1].segments[1][2][0] = 9  # one value changed after its checksum was taken
-    assert verify_flushes(flushes, mirror) == "checksum mismatch in flush 1"
+    assert verify_flushes(flushes, layout) == "checksum mismatch in flush 1"
 
 
 def test_diff_compares_bits_and_updates_the_snapshot() -> None:
     snapshot = torch.tensor([0.0, 1.0, float("nan"), 2.0])
     current = torch.tensor([-0.0, 1.0, float("nan"), 3.0])
-    index, values = diff_into_snapshot(current, snapshot)
+    index, values = SnapshotDiffer().diff(current, snapshot)
+    assert index.dtype == torch.int32
     assert index.tolist() == [0, 3]  # -0.0 differs from 0.0 in its bits; NaN equals itself bitwise
     assert values.tolist() == [-0.0, 3.0]
     assert torch.equal(snapshot.view(torch.int32), current.view(torch.int32))
+
+
+def test_split_ranges_cut_at_scan_steps_and_cover_everything() -> None:
+    step = SCAN_ELEMENTS
+    assert split_ranges(10, 4) == [(0, 10)]  # one scan step: nothing to share
+    assert split_ranges(3 * step + 5, 2) == [(0, 2 * step), (2 * step, 3 * step + 5)]
+    assert split_ranges(4 * step, 3) == [(0, step), (step, 2 * step), (2 * step, 4 * step)]
+    assert split_ranges(0, 2) == []
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_threaded_diff_finds_every_change_in_order(threads: int) -> None:
+    # bf16 over 2.5 scan steps, so three threads get a range each and the last is short.
+    generator = torch.Generator().manual_seed(0)
+    snapshot = torch.randn(int(2.5 * SCAN_ELEMENTS), generator=generator).to(torch.bfloat16)
+    current = snapshot.clone()
+    expected = torch.randperm(snapshot.numel(), generator=generator)[:5000].sort().values
+    current[expected] += 1.0
+    current[-1] = -current[-1]  # the very last element, in the short range
+    expected = torch.cat([expected[expected != snapshot.numel() - 1], torch.tensor([snapshot.numel() - 1])])
+    differ = SnapshotDiffer(threads)
+    try:
+        index, values = differ.diff(current, snapshot)
+        assert torch.equal(index.long(), expected)
+        assert torch.equal(values.view(torch.int16), current[expected].view(torch.int16))
+        assert torch.equal(snapshot.view(torch.int16), current.view(torch.int16))
+        again, _ = differ.diff(current, snapshot)
+        assert again.numel() == 0  # the snapshot now holds what was sent
+        empty, nothing = differ.diff(torch.empty(0, 4), torch.empty(0))
+        assert empty.numel() == nothing.numel() == 0
+    finally:
+        differ.close()
 
 
 def test_unavailable_transport_fails_at_config_time_with_the_install_hint(

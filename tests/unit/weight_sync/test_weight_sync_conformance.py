@@ -70,6 +70,30 @@ def test_sparse_updates_end_equal_to_a_full_sync(peer, backend: str, transport: 
         pair.close()
 
 
+DELTA_PAIRS = [p for p in runnable_pairs() if p.values[0] == "delta"]
+
+
+@pytest.mark.parametrize(("backend", "transport"), DELTA_PAIRS)
+def test_delta_writes_only_the_changed_entries_into_a_sparse_engine(
+    peer, backend: str, transport: str
+) -> None:
+    weights = make_weights(0)
+    pair = SyncPair(peer, backend, transport, weights, sparse_engine=True, delta_threads=3)
+    try:
+        _, reply = pair.sync(weights, 0)
+        assert reply[4][-3] == "update_weights:0"  # the seed is whole tensors
+        for step in range(1, 4):
+            weights = sparse_update(weights, fraction=0.01, seed=step)
+            metrics, reply = pair.sync(weights, step)
+            assert reply[0] == "ok", reply
+            assert_same_weights(reply[2], weights)
+            assert reply[3] == step
+            assert reply[4][-3:] == [f"update_weights_sparse:{step}", "reset_prefix_cache", "resume_kv_cache"]
+            assert metrics["weight_sync/full_resync"] == 0.0
+    finally:
+        pair.close()
+
+
 class CorruptingDeltaSender(DeltaSender):
     """Flips one value after it was checksummed, as a bad link or a bad copy would."""
 
@@ -83,12 +107,20 @@ class CorruptingDeltaSender(DeltaSender):
             yield name, tensor
 
 
-@pytest.mark.parametrize(("backend", "transport"), [p for p in runnable_pairs() if p.values[0] == "delta"])
+CORRUPTION_CASES = [
+    *(pytest.param(*p.values, False, id=f"{p.id}-whole", marks=p.marks) for p in DELTA_PAIRS),
+    pytest.param("delta", "shm", True, id="delta-shm-sparse"),
+]
+
+
+@pytest.mark.parametrize(("backend", "transport", "sparse_engine"), CORRUPTION_CASES)
 def test_corrupted_delta_is_rejected_and_recovered_by_full_resync(
-    peer, backend: str, transport: str, caplog: pytest.LogCaptureFixture
+    peer, backend: str, transport: str, sparse_engine: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     weights = make_weights(0)
-    pair = SyncPair(peer, backend, transport, weights, sender_class=CorruptingDeltaSender)
+    pair = SyncPair(
+        peer, backend, transport, weights, sender_class=CorruptingDeltaSender, sparse_engine=sparse_engine
+    )
     try:
         pair.sync(weights, 0)  # the seed is a full stream: nothing to corrupt
         updated = sparse_update(weights, fraction=0.02, seed=7)

@@ -27,8 +27,9 @@ def test_every_replica_receives_every_sync_bit_exact(peer: Peer, backend: str, t
     sender = build_weight_sync_backend(cfg).build_sender()
     keys = [uuid.uuid4().hex for _ in range(2)]
     for key in keys:
+        sparse_engine = key == keys[1]  # delta: one replica takes sparse updates, one whole tensors
         assert peer.call(
-            "open", key, cfg.model_dump(), sender.descriptor(), pack_tensors(make_weights(0))
+            "open", key, cfg.model_dump(), sender.descriptor(), pack_tensors(make_weights(0)), sparse_engine
         ) == ("ok",)
     try:
         for version, seed in ((1, 0), (2, 1)):

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from rl_train.engines.weight_sync.base import NamedTensors
+from rl_train.engines.weight_sync.boundaries import SparseUpdates
 
 
 class TinyModule(nn.Module):
@@ -71,3 +72,15 @@ class TinyRolloutEngine:
     def weights(self) -> dict[str, torch.Tensor]:
         state = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
         return {name.replace("__", "."): tensor.detach().clone() for name, tensor in state.items()}
+
+
+class SparseTinyRolloutEngine(TinyRolloutEngine):
+    """Also takes sparse updates, written in place, as the built-in torch engine does."""
+
+    def update_weights_sparse(self, updates: SparseUpdates, version: int) -> None:
+        state = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
+        with torch.no_grad():
+            for name, index, values in updates:
+                state[name.replace(".", "__")].view(-1).index_copy_(0, index.long(), values)
+        self.version = version
+        self.events.append(f"update_weights_sparse:{version}")

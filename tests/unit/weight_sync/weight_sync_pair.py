@@ -24,6 +24,7 @@ class SyncPair:
         weights: dict[str, torch.Tensor],
         sender_class: Callable[[WeightSyncConfig], WeightSender] | None = None,
         timeout_seconds: float = 20.0,
+        sparse_engine: bool = False,
         **fields: Any,
     ) -> None:
         self.cfg = WeightSyncConfig(
@@ -38,7 +39,12 @@ class SyncPair:
         self.peer = peer
         self.key = uuid.uuid4().hex
         reply = peer.call(
-            "open", self.key, self.cfg.model_dump(), self.sender.descriptor(), pack_tensors(weights)
+            "open",
+            self.key,
+            self.cfg.model_dump(),
+            self.sender.descriptor(),
+            pack_tensors(weights),
+            sparse_engine,
         )
         assert reply == ("ok",), reply
 

@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-from weight_sync_engine import TinyRolloutEngine
+from weight_sync_engine import SparseTinyRolloutEngine, TinyRolloutEngine
 
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
 from rl_train.engines.weight_sync.boundaries import run_receiver
@@ -60,10 +60,11 @@ def serve(conn: Connection) -> None:
                 _send(conn, ("ok",))
                 return
             if command == "open":
-                cfg_fields, descriptor, weights = args
+                cfg_fields, descriptor, weights, sparse_engine = args
                 backend = build_weight_sync_backend(WeightSyncConfig(**cfg_fields))
                 receivers[key] = backend.build_receiver(descriptor)
-                engines[key] = TinyRolloutEngine(unpack_tensors(weights))
+                engine_class = SparseTinyRolloutEngine if sparse_engine else TinyRolloutEngine
+                engines[key] = engine_class(unpack_tensors(weights))
                 _send(conn, ("ok",))
             elif command == "sync":
                 version, payload, timeout_seconds = args
