@@ -224,8 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     worker.start()
     transports = available(args.transports)
     gbps = {"memcpy": total / measure_memcpy(weights, args.repeats) / 1e9}
-    if "mooncake" in transports:
-        gbps["raw mooncake"] = total / measure_raw_mooncake(conn, total, args.repeats) / 1e9
+    raw_seconds = []
+    if "mooncake" in transports:  # measured before and after the backends; the faster one counts
+        raw_seconds.append(measure_raw_mooncake(conn, total, args.repeats))
     print(f"{total / 1e6:.0f} MB in {len(weights)} tensors, buckets of {args.bucket_mb} MiB")
     full_seconds: dict[str, float] = {}
     for transport in transports:
@@ -234,6 +235,9 @@ def main(argv: list[str] | None = None) -> None:
         full_seconds[transport] = session.best(weights, args.repeats)
         gbps[f"bucketed {transport}"] = total / full_seconds[transport] / 1e9
         session.sender.close()
+    if raw_seconds:
+        raw_seconds.append(measure_raw_mooncake(conn, total, args.repeats))
+        gbps["raw mooncake"] = total / min(raw_seconds) / 1e9
     for name, rate in gbps.items():
         line = f"{name:<22} {rate:7.2f} GB/s  {rate / gbps['memcpy']:5.2f}x memcpy"
         if "mooncake" in name and "raw mooncake" in gbps:

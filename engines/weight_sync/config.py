@@ -30,6 +30,8 @@ class WeightSyncConfig(StrictModel):
     """`delta`: changed (index, value) entries per flush; flushes go by count, never by bytes (R-8.3)."""
     delta_threads: int = Field(2, ge=1)
     """`delta`: sender threads that diff each export against the snapshot (a sync-time cost only)."""
+    delta_snapshot: Literal["host", "device"] = "host"
+    """`delta`: where the sender's snapshot lives; `device` diffs on the GPU, costing one model copy there."""
 
     @model_validator(mode="after")
     def _check_available(self) -> WeightSyncConfig:

@@ -1,7 +1,7 @@
 """``delta``: after a full streamed seed, send only the entries that changed since the last sync.
 
-The sender keeps a snapshot of what it last sent (on GPU clusters: pinned host memory per
-rank) and diffs each export against it (``delta_diff``). An engine that offers
+The sender keeps a snapshot of what it last sent, in host memory or beside each exported
+tensor on its device (``delta_snapshot``), and diffs each export against it (``delta_diff``). An engine that offers
 ``update_weights_sparse`` gets the changed entries written in place; for any other engine
 the receiver keeps a mirror of what it loaded and hands over each changed tensor whole.
 A delta sync is received whole and verified (checksums, names, bounds) before anything is
@@ -49,6 +49,7 @@ class DeltaSender:
         self._entries_per_flush = cfg.delta_entries_per_flush
         self._stream = build_stream_sender(cfg)
         self._differ = SnapshotDiffer(cfg.delta_threads)
+        self._snapshot_on_device = cfg.delta_snapshot == "device"
         self._snapshot: dict[str, tuple[torch.Size, torch.Tensor]] = {}
         self._needs_full = True
         self._metrics: dict[str, float] = {}
@@ -97,7 +98,8 @@ class DeltaSender:
 
     def _record(self, named_tensors: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in named_tensors:
-            self._snapshot[name] = (tensor.shape, tensor.detach().reshape(-1).to("cpu", copy=True))
+            where = tensor.device if self._snapshot_on_device else torch.device("cpu")
+            self._snapshot[name] = (tensor.shape, tensor.detach().reshape(-1).to(where, copy=True))
             yield name, tensor
 
     def _diff(self, named_tensors: NamedTensors) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:

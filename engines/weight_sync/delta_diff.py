@@ -4,7 +4,8 @@ A scan compares integer views of the export and the snapshot one cache-sized ste
 time, so the per-element mask never leaves the cache: the cost is the two reads of every
 byte. The changed values are picked and written into the snapshot while that step is
 still in cache. Large tensors are split over ``threads`` contiguous ranges, the calling
-thread scanning the first; numpy drops the GIL in every call of the scan.
+thread scanning the first; numpy drops the GIL in every call of the scan. A snapshot kept
+on the GPU beside the exported tensor (``delta_snapshot: device``) is diffed there instead.
 """
 
 from __future__ import annotations
@@ -49,6 +50,19 @@ def split_ranges(num_elements: int, parts: int) -> list[tuple[int, int]]:
     return [(low, high) for low, high in pairwise(cuts) if high > low]
 
 
+def diff_on_device(current: torch.Tensor, snapshot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same diff in torch ops where ``snapshot`` lives (on a GPU: at memory speed, and only
+    the changed entries come back to the host). Returns host tensors; updates ``snapshot``."""
+    flat = current.detach().reshape(-1).to(snapshot.device)
+    bits = _INT_OF_SIZE[flat.element_size()]
+    now, before = flat.view(bits), snapshot.view(bits)
+    index = torch.nonzero(now != before).squeeze(1)
+    values = now[index]
+    before[index] = values
+    index = index.to(torch.int32) if now.numel() < 2**31 else index
+    return index.cpu(), values.view(flat.dtype).cpu()
+
+
 class SnapshotDiffer:
     """Diffs exports against snapshots on ``threads`` threads (the caller's included)."""
 
@@ -65,6 +79,8 @@ class SnapshotDiffer:
         receiver ends bit-identical. ``snapshot`` is updated in place to ``current``.
         Positions are int32 when the tensor allows it, to keep the payload small.
         """
+        if snapshot.device.type != "cpu":
+            return diff_on_device(current, snapshot)
         flat = current.detach().reshape(-1).to(snapshot.device)
         bits = _INT_OF_SIZE[flat.element_size()]
         now, before = flat.view(bits).numpy(), snapshot.view(bits).numpy()

@@ -12,7 +12,12 @@ from pydantic import ValidationError
 from rl_train.engines.weight_sync.buckets import ChunkMeta, TensorAssembler, pack_buckets
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.engines.weight_sync.delta_codec import decode_flushes, encode_flushes, verify_flushes
-from rl_train.engines.weight_sync.delta_diff import SCAN_ELEMENTS, SnapshotDiffer, split_ranges
+from rl_train.engines.weight_sync.delta_diff import (
+    SCAN_ELEMENTS,
+    SnapshotDiffer,
+    diff_on_device,
+    split_ranges,
+)
 
 
 def test_bucket_layout_keeps_small_tensors_whole_and_chunks_big_ones() -> None:
@@ -75,6 +80,31 @@ def test_diff_compares_bits_and_updates_the_snapshot() -> None:
     assert index.tolist() == [0, 3]  # -0.0 differs from 0.0 in its bits; NaN equals itself bitwise
     assert values.tolist() == [-0.0, 3.0]
     assert torch.equal(snapshot.view(torch.int32), current.view(torch.int32))
+
+
+@pytest.mark.parametrize(
+    "snapshot",
+    [
+        torch.tensor([0.0, 1.0, float("nan"), 2.0, 5.0]),
+        torch.tensor([True, False, True]),
+        torch.tensor([2**40, -3, 7], dtype=torch.int64),
+        torch.randn(3, 1000).to(torch.bfloat16),
+    ],
+    ids=["fp32", "bool", "int64", "bf16"],
+)
+def test_torch_diff_for_device_snapshots_matches_the_host_scan(snapshot: torch.Tensor) -> None:
+    # Run on the CPU here; on a GPU the same torch ops run where the snapshot lives.
+    current = snapshot.clone()
+    flat = current.view(-1)
+    flat[0] = -flat[0] if flat.is_floating_point() else ~flat[0]
+    flat[-1] = flat[0]
+    host_snapshot = snapshot.reshape(-1).clone()
+    device_snapshot = snapshot.reshape(-1).clone()
+    expected_index, expected_values = SnapshotDiffer().diff(current, host_snapshot)
+    index, values = diff_on_device(current, device_snapshot)
+    assert index.dtype == torch.int32 and index.tolist() == expected_index.tolist()
+    assert torch.equal(values.view(torch.uint8), expected_values.view(torch.uint8))
+    assert torch.equal(device_snapshot.view(torch.uint8), host_snapshot.view(torch.uint8))
 
 
 def test_split_ranges_cut_at_scan_steps_and_cover_everything() -> None:
