@@ -164,7 +164,9 @@ class TorchRolloutEngine:
         """Overwrite the given flat positions of HF-named tensors in place; serve ``version``."""
         with torch.no_grad():
             for dest, index, values in self._storages("update_weights_sparse", updates):
-                dest.view(-1).index_copy_(0, index.to(dest.device, torch.long), values.to(dest.device))
+                dest.view(-1).index_copy_(
+                    0, index.to(dest.device, torch.long), values.to(dest.device, dest.dtype)
+                )
         self.version = version
 
     def _storages(self, caller: str, items: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:

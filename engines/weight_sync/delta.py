@@ -1,9 +1,10 @@
 """``delta``: after a full streamed seed, send only the entries that changed since the last sync.
 
 The sender keeps a snapshot of what it last sent, in host memory or beside each exported
-tensor on its device (``delta_snapshot``), and diffs each export against it (``delta_diff``). An engine that offers
-``update_weights_sparse`` gets the changed entries written in place; for any other engine
-the receiver keeps a mirror of what it loaded and hands over each changed tensor whole.
+tensor on its device (``delta_snapshot``), and diffs each export against it
+(``delta_diff``). An engine that offers ``update_weights_sparse`` gets the changed entries
+written in place; for any other engine the receiver keeps a mirror of what it loaded and
+hands over each changed tensor whole.
 A delta sync is received whole and verified (checksums, names, bounds) before anything is
 applied. If any receiver rejects it, the sender logs the error and streams a full resync
 from its snapshot to every receiver in the same call, so all replicas end on the same bits
@@ -180,7 +181,7 @@ class _FullSync(StreamedTensors):
         for name, tensor in tensors:
             layout[name] = (tensor.dtype, tensor.numel())
             if mirror is not None:  # the stream lends views of its buckets; the mirror keeps a copy
-                tensor = mirror.setdefault(name, tensor.clone())
+                mirror[name] = tensor = tensor.clone()
             yield name, tensor
 
 

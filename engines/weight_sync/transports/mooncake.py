@@ -3,8 +3,9 @@
 Uses the Mooncake TransferEngine with peer-to-peer handshakes (no metadata server): every
 receiver registers two bucket buffers and tells the sender its session address and the
 buffer addresses; the sender registers its own two buffers and writes each bucket with
-one ``batch_transfer_sync_write``, big chunks straight from the exported tensors. Over TCP on CPU hosts (``mooncake-transfer-engine-non-cuda`` plus
-``libibverbs1``), over RDMA with the CUDA wheel on GPU clusters.
+one ``batch_transfer_sync_write``, big chunks straight from the exported tensors. Over TCP
+on CPU hosts (``mooncake-transfer-engine-non-cuda`` plus ``libibverbs1``), over RDMA with
+the CUDA wheel on GPU clusters.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class Sender:
         self._peers: list[tuple[str, list[int]]] = []
         self._direct: list[list[tuple[int, int, torch.Tensor]]] = [[], []]
         """Per buffer: (offset in the bucket, bytes, the chunk's uint8 view, kept alive until written)."""
-        self._registered: dict[int, int] = {}
-        """Address -> how many pending chunks start there (one export may alias a tensor)."""
+        self._registered: dict[tuple[int, int], int] = {}
+        """(address, bytes) -> how many pending chunks lie there (one export may alias a tensor)."""
 
     def descriptor(self) -> dict[str, Any]:
         return {}
@@ -75,14 +76,15 @@ class Sender:
         return None
 
     def place_direct(self, index: int, offset: int, data: torch.Tensor) -> bool:
+        """Take a big host chunk to write from where it lies (the ``Direct`` hook of the packer)."""
         if data.numel() < DIRECT_MIN_BYTES or data.device.type != "cpu":
             return False
-        address = data.data_ptr()
-        if address not in self._registered:
-            if self._engine.register_memory(address, data.numel()) != 0:
-                return False  # not registrable here: the packer copies it instead
-            self._registered[address] = 0
-        self._registered[address] += 1
+        region = (data.data_ptr(), data.numel())
+        if region not in self._registered:
+            if self._engine.register_memory(*region) != 0:
+                return False  # not registrable (e.g. overlaps a registered region): packed instead
+            self._registered[region] = 0
+        self._registered[region] += 1
         self._direct[index].append((offset, data.numel(), data))
         return True
 
@@ -111,12 +113,12 @@ class Sender:
 
     def release(self, index: int) -> None:
         """Forget bucket ``index``'s direct chunks once written (or abandoned)."""
-        for _, _, data in self._direct[index]:
-            address = data.data_ptr()
-            self._registered[address] -= 1
-            if not self._registered[address]:
-                del self._registered[address]
-                self._engine.unregister_memory(address)
+        for _, length, data in self._direct[index]:
+            region = (data.data_ptr(), length)
+            self._registered[region] -= 1
+            if not self._registered[region]:
+                del self._registered[region]
+                self._engine.unregister_memory(region[0])
         self._direct[index] = []
 
     def close(self) -> None:
