@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
-from rl_train.engines.weight_sync.boundaries import run_receiver, run_sender
+from rl_train.engines.weight_sync.boundaries import run_receiver, run_sender, write_entries
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.engines.weight_sync.transports import TRANSPORTS, check_transport_available
 
@@ -75,7 +75,7 @@ class CopyingEngine:
     def update_weights_sparse(self, updates: Any, version: int) -> None:
         """As the built-in torch engine does: write the changed entries in place."""
         for name, index, values in updates:
-            self.weights[name].view(-1).index_copy_(0, index.long(), values)
+            write_entries(self.weights[name], index, values)
 
     def reset_prefix_cache(self) -> None: ...
 

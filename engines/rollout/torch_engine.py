@@ -21,7 +21,7 @@ from rl_train.engines.model.tiny import load_policy
 from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, SamplingParams
 from rl_train.engines.rollout.sampling import sample_tokens
 from rl_train.engines.weight_sync.base import NamedTensors
-from rl_train.engines.weight_sync.boundaries import SparseUpdates
+from rl_train.engines.weight_sync.boundaries import SparseUpdates, write_entries
 
 
 class EngineStateError(RuntimeError):
@@ -164,9 +164,7 @@ class TorchRolloutEngine:
         """Overwrite the given flat positions of HF-named tensors in place; serve ``version``."""
         with torch.no_grad():
             for dest, index, values in self._storages("update_weights_sparse", updates):
-                dest.view(-1).index_copy_(
-                    0, index.to(dest.device, torch.long), values.to(dest.device, dest.dtype)
-                )
+                write_entries(dest, index, values)
         self.version = version
 
     def _storages(self, caller: str, items: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:

@@ -65,6 +65,11 @@ SparseUpdates = Iterable[tuple[str, torch.Tensor, torch.Tensor]]
 """(tensor name, flat int positions, new values) of entries to overwrite in place."""
 
 
+def write_entries(dest: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
+    """Overwrite the flat positions ``index`` of ``dest`` with ``values``, in place, on ``dest``'s device."""
+    dest.view(-1).index_copy_(0, index.to(dest.device, torch.long), values.to(dest.device, dest.dtype))
+
+
 def accepts_sparse_updates(engine: object) -> bool:
     """Whether ``engine`` offers ``update_weights_sparse(updates: SparseUpdates, version)``.
 

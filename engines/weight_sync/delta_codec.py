@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rl_train.engines.weight_sync.boundaries import write_entries
+
 CHECKSUM = "#checksum"
 
 
@@ -116,6 +118,6 @@ def apply_flushes(flushes: list[Flush], mirror: dict[str, torch.Tensor]) -> list
     """Write verified flushes into ``mirror`` in place; returns the changed tensor names in order."""
     changed: dict[str, None] = {}
     for name, index, values in segments(flushes):
-        mirror[name].view(-1).index_copy_(0, index.long(), values)
+        write_entries(mirror[name], index, values)
         changed[name] = None
     return list(changed)

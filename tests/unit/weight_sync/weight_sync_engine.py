@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rl_train.engines.weight_sync.base import NamedTensors
-from rl_train.engines.weight_sync.boundaries import SparseUpdates
+from rl_train.engines.weight_sync.boundaries import SparseUpdates, write_entries
 
 
 class TinyModule(nn.Module):
@@ -81,6 +81,6 @@ class SparseTinyRolloutEngine(TinyRolloutEngine):
         state = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
         with torch.no_grad():
             for name, index, values in updates:
-                state[name.replace(".", "__")].view(-1).index_copy_(0, index.long(), values)
+                write_entries(state[name.replace(".", "__")], index, values)
         self.version = version
         self.events.append(f"update_weights_sparse:{version}")
