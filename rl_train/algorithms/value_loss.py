@@ -18,10 +18,12 @@ def compute_value_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss, all [B, T]: 0.5 * max((V - R)^2, (V_clip - R)^2).
 
-    V_clip = V_old + clip(V - V_old, -cliprange, cliprange): the critic cannot move a value by more
-    than cliprange in one update, mirroring the policy's ratio clip.
+    V_clip = clip(V, V_old - cliprange, V_old + cliprange): the critic cannot move a value by more
+    than cliprange in one update, mirroring the policy's ratio clip. Clamping V itself (not
+    V_old + clip(V - V_old)) returns V bit for bit inside the range, so critic/vf_clipfrac counts
+    only real clipping, never a 1-ulp rounding difference.
     """
-    clipped = old_values + (values - old_values).clamp(-cliprange, cliprange)
+    clipped = values.clamp(old_values - cliprange, old_values + cliprange)
     loss_unclipped = (values - returns).square()
     loss_clipped = (clipped - returns).square()
     per_token = 0.5 * torch.maximum(loss_unclipped, loss_clipped)

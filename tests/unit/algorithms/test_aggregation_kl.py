@@ -137,6 +137,20 @@ def test_clipped_value_loss() -> None:
     assert float(metrics["critic/vf_clipfrac"]) == pytest.approx(1 / 3)
 
 
+def test_vf_clipfrac_ignores_rounding_inside_the_range() -> None:
+    # V_old = -0.1, V = 0.2, clip 0.5: |V - V_old| = 0.3 < 0.5, so nothing is clipped.
+    # In float64, V - V_old = 0.30000000000000004 and V_old + that = 0.20000000000000004 != 0.2:
+    # building V_clip as V_old + clip(V - V_old) made (V_clip - R)^2 > (V - R)^2 (R = 0) and
+    # counted the token as clipped. clip(V, V_old - c, V_old + c) is V exactly: clipfrac 0,
+    # loss 0.5 * 0.2^2 = 0.02.
+    values = torch.tensor([[0.2]], dtype=torch.float64)
+    loss, metrics = compute_value_loss(
+        values, torch.tensor([[-0.1]], dtype=torch.float64), torch.zeros_like(values), torch.ones_like(values), 0.5
+    )
+    assert float(metrics["critic/vf_clipfrac"]) == 0.0
+    assert float(loss[0, 0]) == 0.5 * 0.2**2
+
+
 def test_entropy_from_logits() -> None:
     # uniform over 4 -> ln 4; one-hot-ish (logits 0, -inf-like) -> ~0.
     logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.0, -100.0, -100.0, -100.0]]], dtype=torch.float64)
