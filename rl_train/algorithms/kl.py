@@ -1,6 +1,6 @@
 """KL estimators between the policy and a reference, per token, registered in ``KL_ESTIMATORS``.
 
-With log_ratio = log_prob - ref_log_prob (clamped to +-20 so exp cannot overflow):
+With log_ratio = log_prob - ref_log_prob (raw: only k3 exponentiates, and bounds it there):
 k1 = log_ratio; abs = |log_ratio|; k2 = mse = 0.5 * log_ratio^2;
 k3 (low_var_kl, Schulman's unbiased low-variance estimator) = exp(-log_ratio) - 1 + log_ratio,
 clamped to [-10, 10] because a single outlier token otherwise dominates the batch.
@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import torch
 
+from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.registry import Registry
 
-LOG_RATIO_BOUND = 20.0
 K3_BOUND = 10.0
 
 KlFn = Callable[[torch.Tensor], torch.Tensor]
@@ -38,7 +38,7 @@ def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
 
 @KL_ESTIMATORS.register("k3", "low_var_kl")
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    return (torch.exp(-log_ratio) - 1 + log_ratio).clamp(-K3_BOUND, K3_BOUND)
+    return (bounded_exp(-log_ratio) - 1 + log_ratio).clamp(-K3_BOUND, K3_BOUND)
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
@@ -47,4 +47,4 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) ->
         estimator = KL_ESTIMATORS.get(kind)
     except KeyError as err:
         raise ValueError(str(err)) from None
-    return estimator((log_prob - ref_log_prob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    return estimator(log_prob - ref_log_prob)

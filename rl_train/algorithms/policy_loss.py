@@ -16,11 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from rl_train.algorithms.config import PolicyLossConfig
+from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.algorithms.masked import masked_mean
 from rl_train.registry import Registry
-
-LOG_RATIO_BOUND = 20.0
-"""Log-ratios are clamped to +-20 before exp: beyond that the ratio is numerically meaningless."""
 
 __all__ = ["POLICY_LOSSES", "PolicyLossInputs", "masked_mean", "log_ratio_of", "with_is_weights"]
 
@@ -44,8 +42,8 @@ POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def log_ratio_of(inputs: PolicyLossInputs) -> torch.Tensor:
-    """[B, T] log(pi / pi_old), clamped to +-LOG_RATIO_BOUND."""
-    return (inputs.log_prob - inputs.old_log_prob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    """[B, T] raw log(pi / pi_old); losses bound it only where they exponentiate (``bounded_exp``)."""
+    return inputs.log_prob - inputs.old_log_prob
 
 
 def with_is_weights(per_token: torch.Tensor, inputs: PolicyLossInputs) -> torch.Tensor:
@@ -66,7 +64,7 @@ def compute_ppo_clip_loss(
     cannot make one token's ratio explode the update.
     """
     log_ratio = log_ratio_of(inputs)
-    ratio = torch.exp(log_ratio)
+    ratio = bounded_exp(log_ratio)
     adv = inputs.advantages
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * ratio.clamp(1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)

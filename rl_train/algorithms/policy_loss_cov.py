@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from rl_train.algorithms.config import PolicyLossConfig
+from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.algorithms.masked import masked_mean
 from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, log_ratio_of, with_is_weights
 
@@ -36,7 +37,7 @@ def compute_clip_cov_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tu
     The random pick uses torch's global generator (seeded by the trainer).
     """
     mask = inputs.response_mask.bool()
-    ratio = torch.exp(log_ratio_of(inputs))
+    ratio = bounded_exp(log_ratio_of(inputs))
     adv = inputs.advantages
     loss1 = -adv * ratio
     loss2 = -adv * ratio.clamp(1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)
@@ -62,7 +63,7 @@ def compute_kl_cov_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tupl
     """
     mask = inputs.response_mask.bool()
     log_ratio = log_ratio_of(inputs)
-    per_token = -inputs.advantages * torch.exp(log_ratio)
+    per_token = -inputs.advantages * bounded_exp(log_ratio)
     cov = token_covariance(inputs.advantages, inputs.log_prob, mask).flatten()
     k = min(_num_selected(cfg.kl_cov_ratio, mask), int(mask.sum()))
     selected = torch.zeros_like(cov, dtype=torch.bool)

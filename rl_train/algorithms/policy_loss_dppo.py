@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from rl_train.algorithms.config import PolicyLossConfig
+from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.algorithms.masked import masked_mean
 from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, log_ratio_of, with_is_weights
 
@@ -48,7 +49,7 @@ def _dppo_loss(
     outside = divergence(p_old, p_new) > threshold
     moving_away = ((adv > 0) & (p_new > p_old)) | ((adv < 0) & (p_new < p_old))
     blocked = outside & moving_away
-    per_token = -adv * torch.exp(log_ratio) * (~blocked).to(adv.dtype)
+    per_token = -adv * bounded_exp(log_ratio) * (~blocked).to(adv.dtype)
     metrics = {
         "actor/pg_clipfrac": masked_mean(blocked.float(), mask),
         "actor/ppo_kl": masked_mean(-log_ratio, mask).detach(),

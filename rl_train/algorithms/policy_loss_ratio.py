@@ -1,14 +1,22 @@
-"""Ratio-shaped policy losses: GSPO, GMPO (geo_mean), SAPO and CISPO."""
+"""Ratio-shaped policy losses: GSPO, GMPO (geo_mean), SAPO and CISPO.
+
+The sequence-level ratios (gspo, geo_mean) average the raw token log-ratios and bound only the
+average, right before exp (see ``log_ratio``): a single token past +-20 must still move the mean.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from rl_train.algorithms.config import PolicyLossConfig
+from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.algorithms.masked import masked_mean
 from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, log_ratio_of, with_is_weights
 
 Metrics = dict[str, torch.Tensor]
+GSPO_LOG_RATIO_MAX = 10.0
+"""gspo caps its token log-ratio above at 10 (as the reference does) instead of LOG_RATIO_BOUND: a
+sequence ratio of e^10 is already far outside GSPO's 1e-4-wide clip range."""
 
 
 @POLICY_LOSSES.register("gspo")
@@ -20,16 +28,17 @@ def compute_gspo_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[
     no dual clip. Use with loss_agg_mode seq-mean-token-mean to match the paper.
     """
     mask = inputs.response_mask
-    seq_log_ratio = masked_mean(log_ratio_of(inputs), mask, dim=-1).unsqueeze(-1)
+    log_ratio = log_ratio_of(inputs)
+    seq_log_ratio = masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1)
     token_log_ratio = seq_log_ratio.detach() + inputs.log_prob - inputs.log_prob.detach()
-    ratio = torch.exp(token_log_ratio.clamp(max=10.0))
+    ratio = torch.exp(token_log_ratio.clamp(max=GSPO_LOG_RATIO_MAX))
     adv = inputs.advantages
     loss1 = -adv * ratio
     loss2 = -adv * ratio.clamp(1 - cfg.gspo_clip_ratio_low, 1 + cfg.gspo_clip_ratio_high)
     per_token = torch.maximum(loss1, loss2)
     metrics = {
         "actor/pg_clipfrac": masked_mean((loss2 > loss1).float(), mask),
-        "actor/ppo_kl": masked_mean(-log_ratio_of(inputs), mask).detach(),
+        "actor/ppo_kl": masked_mean(-log_ratio, mask).detach(),
     }
     return with_is_weights(per_token, inputs), metrics
 
@@ -49,7 +58,7 @@ def compute_geo_mean_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tu
     sign = torch.sign(inputs.advantages)
     clamped = log_ratio.clamp(-cfg.geo_mean_clip_ratio_low, cfg.geo_mean_clip_ratio_high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
-    seq_ratio = torch.exp(masked_mean(pessimistic, mask, dim=-1))
+    seq_ratio = bounded_exp(masked_mean(pessimistic, mask, dim=-1))
     seq_adv = masked_mean(inputs.advantages, mask, dim=-1)
     per_token = (-seq_adv * seq_ratio).unsqueeze(-1) * mask.to(log_ratio.dtype)
     metrics = {
@@ -67,12 +76,13 @@ def compute_sapo_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[
     The gradient weight 4 * s * (1 - s) is 1 at r = 1 (same as vanilla on-policy) and decays
     smoothly as r leaves 1; negative advantages decay faster (tau_neg > tau_pos).
     """
-    ratio = torch.exp(log_ratio_of(inputs))
+    log_ratio = log_ratio_of(inputs)
+    ratio = bounded_exp(log_ratio)
     adv = inputs.advantages
     tau = torch.where(adv > 0, torch.full_like(adv, cfg.sapo_tau_pos), torch.full_like(adv, cfg.sapo_tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
     per_token = -adv * gate
-    metrics = {"actor/ppo_kl": masked_mean(-log_ratio_of(inputs), inputs.response_mask).detach()}
+    metrics = {"actor/ppo_kl": masked_mean(-log_ratio, inputs.response_mask).detach()}
     return with_is_weights(per_token, inputs), metrics
 
 
@@ -83,7 +93,7 @@ def compute_cispo_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple
     The clipped ratio is a detached weight, so clipped tokens still get a gradient (only its
     scale is bounded), unlike PPO where they get none.
     """
-    ratio = torch.exp(log_ratio_of(inputs))
+    ratio = bounded_exp(log_ratio_of(inputs))
     weight = ratio.clamp(1 - cfg.cispo_clip_ratio_low, 1 + cfg.cispo_clip_ratio_high).detach()
     per_token = -inputs.advantages * weight * inputs.log_prob
     metrics = {"actor/pg_clipfrac": masked_mean((weight != ratio.detach()).float(), inputs.response_mask)}

@@ -2,7 +2,8 @@
 log-probs the rollout engine reported for the tokens it sampled.
 
 log_ratio = old_log_prob - rollout_log_prob (training engine's pi_old over the rollout
-engine's pi_rollout), clamped to +-SAFETY_BOUND before any exp.
+engine's pi_rollout). Sums and means use it raw; it is bounded only right before exp
+(``log_ratio.bounded_exp``), so the sequence IS weight is exp(clamp(sum_t log_ratio)).
 
 - RS (``rollout_rs``) removes tokens (token_*) or whole sequences (seq_*) from the response
   mask; several options are ANDed. The returned mask then drives advantage, loss and metrics.
@@ -21,12 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from rl_train.algorithms.config import RolloutCorrectionConfig
+from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.algorithms.masked import masked_mean, masked_sum
 from rl_train.algorithms.rollout_metrics import off_policy_metrics, weight_statistics
 from rl_train.algorithms.thresholds import Bounds, RejectionRule, parse_is_threshold, parse_rs_rules
-
-SAFETY_BOUND = 20.0
-"""Log-ratios beyond +-20 are clamped before exp (exp(20) ~ 5e8 already truncates or rejects)."""
 
 
 class MissingRolloutLogProbsError(ValueError):
@@ -52,7 +51,7 @@ def per_token_divergence(log_ratio: torch.Tensor, estimator: str) -> torch.Tenso
 _DIVERGENCES = {
     "k1": lambda lr: -lr,
     "k2": lambda lr: 0.5 * lr.square(),
-    "k3": lambda lr: torch.exp(lr) - 1 - lr,
+    "k3": lambda lr: bounded_exp(lr) - 1 - lr,
 }
 
 
@@ -83,7 +82,7 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rules: list[Reje
     for rule in rules:
         stat = _LEVEL_STATISTICS[rule.level](per_token_divergence(log_ratio, rule.estimator), mask)
         if rule.estimator == "k1":
-            stat = torch.exp((-stat).clamp(-SAFETY_BOUND, SAFETY_BOUND))
+            stat = bounded_exp(-stat)
         keep &= _inside(stat, rule.bounds).expand_as(mask)
     return keep
 
@@ -93,11 +92,10 @@ def importance_weights(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, T] detached weights, zero outside ``mask``; the weight of each IS unit, for metrics)."""
     if level == "token":
-        unit_weights = torch.exp(log_ratio)
+        unit_weights = bounded_exp(log_ratio)
         unit_mask = mask
     else:  # sequence: one weight per sequence with at least one kept token
-        seq_log_ratio = masked_sum(log_ratio, mask, dim=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
-        unit_weights = torch.exp(seq_log_ratio).unsqueeze(-1)
+        unit_weights = bounded_exp(masked_sum(log_ratio, mask, dim=-1)).unsqueeze(-1)
         unit_mask = mask.any(dim=-1, keepdim=True)
     if bounds.lower is None:
         unit_weights = unit_weights.clamp(max=bounds.upper)
@@ -145,7 +143,7 @@ def compute_rollout_correction(
             )
         return None, response_mask, {}
     mask = response_mask.bool()
-    log_ratio = (old_log_prob.detach() - rollout_log_prob.detach()).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    log_ratio = old_log_prob.detach() - rollout_log_prob.detach()
     new_mask = rejection_mask(log_ratio, mask, plan.rs_rules) if plan.rs_rules else mask
     metrics = off_policy_metrics(old_log_prob.detach(), rollout_log_prob.detach(), mask)
     weights = None
@@ -154,7 +152,7 @@ def compute_rollout_correction(
             log_ratio, new_mask, plan.is_level, plan.is_bounds, plan.is_batch_normalize
         )
     else:  # diagnostics only: what token-level IS would see
-        unit_weights = torch.exp(log_ratio[mask])
+        unit_weights = bounded_exp(log_ratio[mask])
     metrics.update(weight_statistics(unit_weights))
     metrics["rollout_corr/rollout_rs_masked_fraction"] = float(1 - new_mask.sum() / mask.sum().clamp(min=1))
     return weights, new_mask.to(response_mask.dtype), metrics

@@ -1,7 +1,7 @@
 """Off-policy metrics under ``rollout_corr/`` (R-7.6) and the runbook warnings of R-10.3.
 
-With lr = old_log_prob - rollout_log_prob (clamped to +-20) over the response mask, and per
-sequence i the token-mean log-probs m_i(old), m_i(rollout):
+With lr = old_log_prob - rollout_log_prob over the response mask (raw; bounded to +-20 only
+right before exp), and per sequence i the token-mean log-probs m_i(old), m_i(rollout):
 - kl = mean_t(-lr) (k1 estimate of KL(rollout || old)); k3_kl = mean_t(exp(lr) - 1 - lr)
 - training_ppl = mean_i exp(-m_i(old)); rollout_ppl = mean_i exp(-m_i(rollout))
 - log_ppl_diff = mean_i (m_i(rollout) - m_i(old)); ppl_ratio = mean_i exp(m_i(rollout) - m_i(old))
@@ -17,9 +17,9 @@ from collections.abc import Mapping
 
 import torch
 
+from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.algorithms.masked import masked_mean, masked_sum
 
-SAFETY_BOUND = 20.0
 logger = logging.getLogger(__name__)
 
 KL_COLLAPSE = 0.5
@@ -36,11 +36,11 @@ def off_policy_metrics(
     old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, float]:
     """Divergence metrics between the training and the rollout engine; see the module docstring."""
-    log_ratio = (old_log_prob - rollout_log_prob).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    log_ratio = old_log_prob - rollout_log_prob
     has_tokens = mask.any(dim=-1)
     seq_old = masked_mean(old_log_prob, mask, dim=-1)[has_tokens]
     seq_rollout = masked_mean(rollout_log_prob, mask, dim=-1)[has_tokens]
-    seq_log_ratio = masked_sum(log_ratio, mask, dim=-1)[has_tokens].clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    seq_log_ratio = masked_sum(log_ratio, mask, dim=-1)[has_tokens]
     diff = seq_rollout - seq_old
 
     def mean(x: torch.Tensor) -> float:
@@ -48,13 +48,13 @@ def off_policy_metrics(
 
     return {
         "rollout_corr/kl": float(masked_mean(-log_ratio, mask)),
-        "rollout_corr/k3_kl": float(masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask)),
+        "rollout_corr/k3_kl": float(masked_mean(bounded_exp(log_ratio) - 1 - log_ratio, mask)),
         "rollout_corr/training_ppl": mean(torch.exp(-seq_old)),
         "rollout_corr/rollout_ppl": mean(torch.exp(-seq_rollout)),
         "rollout_corr/log_ppl_diff": mean(diff),
-        "rollout_corr/ppl_ratio": mean(torch.exp(diff)),
-        "rollout_corr/chi2_token": float(masked_mean(torch.exp(2 * log_ratio), mask)) - 1.0,
-        "rollout_corr/chi2_seq": mean(torch.exp(2 * seq_log_ratio)) - 1.0 if seq_log_ratio.numel() else 0.0,
+        "rollout_corr/ppl_ratio": mean(bounded_exp(diff)),
+        "rollout_corr/chi2_token": float(masked_mean(bounded_exp(log_ratio).square(), mask)) - 1.0,
+        "rollout_corr/chi2_seq": mean(bounded_exp(seq_log_ratio).square()) - 1.0 if seq_log_ratio.numel() else 0.0,
     }
 
 

@@ -80,12 +80,14 @@ def test_loss_and_grad_do_not_depend_on_the_split(
 @pytest.mark.parametrize(
     ("kind", "expected"),
     [
-        # log_ratio = log pi - log ref = [0.5, -0.5, 30 -> clamped to 20]
-        ("k1", [0.5, -0.5, 20.0]),
-        ("abs", [0.5, 0.5, 20.0]),
-        ("k2", [0.125, 0.125, 200.0]),
-        ("mse", [0.125, 0.125, 200.0]),
-        # k3 = exp(-lr) - 1 + lr: e^-0.5 - 0.5 = 0.106531; e^0.5 - 1.5 = 0.148721; huge -> clamp 10
+        # log_ratio = log pi - log ref = [0.5, -0.5, 30]; k1, abs and k2 never exponentiate, so they
+        # see the raw 30 (as the reference computes them): k2 = 0.5 * 30^2 = 450.
+        ("k1", [0.5, -0.5, 30.0]),
+        ("abs", [0.5, 0.5, 30.0]),
+        ("k2", [0.125, 0.125, 450.0]),
+        ("mse", [0.125, 0.125, 450.0]),
+        # k3 = exp(-lr) - 1 + lr: e^-0.5 - 0.5 = 0.106531; e^0.5 - 1.5 = 0.148721;
+        # lr = 30: e^-20 (bounded exp) - 1 + 30 = 29 -> clamp 10
         ("k3", [math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5, 10.0]),
         ("low_var_kl", [math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5, 10.0]),
     ],

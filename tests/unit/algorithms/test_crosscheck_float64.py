@@ -141,3 +141,40 @@ def test_is_weights_and_k3_match_reference(seed: int) -> None:
     k3 = kl_penalty(rollout, old, "k3")
     d = data["new"][0][0] - data["old"][0][0]
     assert float(k3[0, 0]) == pytest.approx(math.exp(-d) - 1 + d, abs=1e-12)
+
+
+def clamp_exp(x: float) -> float:
+    """The reference's guard: exp of x clamped to +-20, applied to the value being exponentiated."""
+    return math.exp(max(-20.0, min(20.0, x)))
+
+
+@pytest.mark.parametrize("seed", [9, 10, 11])
+def test_sequence_ratios_with_extreme_tokens_match_reference(seed: int) -> None:
+    """One token per sequence pushed past +-20: sequence IS, gspo and geo_mean aggregate raw log-ratios."""
+    data = random_batch(seed)
+    for i in range(B):  # first response token of each row: log-ratio +-(21..30)
+        t = data["mask"][i].index(1.0)
+        data["new"][i][t] = data["old"][i][t] + random.Random(seed + i).choice([-1, 1]) * (21 + i)
+    old, new, adv, mask = t64(data["old"]), t64(data["new"]), t64(data["adv"]), t64(data["mask"])
+    cfg = RolloutCorrectionConfig(rollout_is="sequence", rollout_is_threshold="1e9")
+    weights, _, _ = compute_rollout_correction(old, new, mask, cfg)  # here "new" plays the rollout
+    inputs = PolicyLossInputs(old, new, adv, mask)
+    gspo, _ = POLICY_LOSSES.get("gspo")(inputs, PolicyLossConfig(policy_loss="gspo"))
+    geo, _ = POLICY_LOSSES.get("geo_mean")(inputs, PolicyLossConfig(policy_loss="geo_mean"))
+    assert weights is not None
+    for i in range(B):
+        idx = [t for t in range(T) if data["mask"][i][t]]
+        lr = [data["new"][i][t] - data["old"][i][t] for t in idx]  # log(pi / pi_old)
+        w = clamp_exp(-sum(lr))  # IS: log(pi_old / pi_rollout) summed, clamped once
+        s = math.exp(min(10.0, sum(lr) / len(lr)))  # gspo caps the mean log-ratio at 10
+        pess = [
+            max(x, max(-0.4, min(0.4, x))) if data["adv"][i][t] < 0 else min(x, max(-0.4, min(0.4, x)))
+            for x, t in zip(lr, idx, strict=True)
+        ]
+        seq_adv = sum(data["adv"][i][t] for t in idx) / len(idx)
+        for t in idx:
+            a = data["adv"][i][t]
+            assert float(weights[i, t]) == pytest.approx(w, rel=1e-12)
+            want_gspo = max(-a * s, -a * min(max(s, 1 - 3e-4), 1 + 4e-4))
+            assert float(gspo[i, t]) == pytest.approx(want_gspo, rel=1e-12)
+            assert float(geo[i, t]) == pytest.approx(-seq_adv * clamp_exp(sum(pess) / len(pess)), rel=1e-12)

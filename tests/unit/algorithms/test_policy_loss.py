@@ -90,6 +90,31 @@ def test_geo_mean_clips_in_log_space(adv: float, expected: float) -> None:
     assert loss == pytest.approx([expected, expected])
 
 
+@pytest.mark.parametrize(
+    ("name", "log_ratios", "expected"),
+    [
+        # gspo, A = -1: mean of the raw log-ratios (25 - 5 - 5) / 3 = 5 -> s = e^5 = 148.41, above the
+        # clip, so loss = max(-A s, -A clip(s)) = e^5 on every token. Clamping the 25 to 20 first
+        # would give e^(10/3) = 28.03.
+        ("gspo", [25.0, -5.0, -5.0], math.exp(5.0)),
+        # geo_mean, A = -1: pessimistic side max(lr, clip(lr, -0.4, 0.4)) = [25, -0.4, -0.4],
+        # mean 24.2 / 3 -> loss e^8.0667 = 3186.5 (per-token clamping: e^6.4 = 601.8).
+        ("geo_mean", [25.0, -5.0, -5.0], math.exp(24.2 / 3)),
+        # geo_mean, A = -1: [45, 0, 0] -> mean 15 stays below the bound: e^15.
+        ("geo_mean", [45.0, 0.0, 0.0], math.exp(15.0)),
+        # geo_mean, A = -1: [45, 30, 0] -> mean 25, and only the aggregate is bounded: e^20.
+        ("geo_mean", [45.0, 30.0, 0.0], math.exp(20.0)),
+    ],
+)
+def test_sequence_ratios_bound_the_aggregate_not_the_tokens(
+    name: str, log_ratios: list[float], expected: float
+) -> None:
+    # Old probabilities small enough that pi = pi_old * e^lr stays a probability.
+    inputs = make_inputs([math.exp(x) for x in log_ratios], [-1.0] * 3, old_probs=[math.exp(-50.0)] * 3)
+    loss, _, _ = loss_and_grad(name, inputs)
+    assert loss == pytest.approx([expected] * 3, rel=1e-9)
+
+
 def test_sapo_soft_gate() -> None:
     # r = 1: loss = -A * (4 / tau) * sigmoid(0) = -2 A / tau; gradient weight 4 s (1 - s) = 1 -> -A.
     loss, grad, _ = loss_and_grad("sapo", make_inputs([1.0, 1.0], [1.0, -1.0]))

@@ -61,6 +61,25 @@ def test_is_weights(fields: dict, expected: list[list[float]]) -> None:
     assert torch.equal(new_mask, MASK)
 
 
+def test_sequence_is_bounds_the_summed_log_ratio_not_the_tokens() -> None:
+    # Token log-ratios old - rollout = [25, -10, -10]: the raw sum 5 gives the sequence weight
+    # e^5 = 148.41 (under the TIS threshold 200); clamping the 25 to 20 first would give e^0 = 1.
+    # chi2_seq = e^(2 * 5) - 1 over the one sequence.
+    rollout = torch.full((1, 3), -30.0, dtype=torch.float64)
+    old = rollout + torch.tensor([[25.0, -10.0, -10.0]], dtype=torch.float64)
+    mask = torch.ones_like(old)
+    cfg = RolloutCorrectionConfig(rollout_is="sequence", rollout_is_threshold="200")
+    weights, _, metrics = compute_rollout_correction(old, rollout, mask, cfg)
+    assert weights is not None
+    assert weights[0].tolist() == pytest.approx([math.exp(5.0)] * 3, rel=1e-12)
+    assert metrics["rollout_corr/chi2_seq"] == pytest.approx(math.exp(10.0) - 1, rel=1e-12)
+    # The bound applies to the aggregate: [25, 0, 0] sums to 25 -> e^20, truncated at u = 1e9 only above.
+    old = rollout + torch.tensor([[25.0, 0.0, 0.0]], dtype=torch.float64)
+    cfg = RolloutCorrectionConfig(rollout_is="sequence", rollout_is_threshold="1e9")
+    weights, _, _ = compute_rollout_correction(old, rollout, mask, cfg)
+    assert weights is not None and weights[0].tolist() == pytest.approx([math.exp(20.0)] * 3, rel=1e-12)
+
+
 def test_is_weights_are_detached() -> None:
     old = OLD.clone().requires_grad_(True)
     weights, _, _ = compute_rollout_correction(
