@@ -102,13 +102,13 @@ def compute_opo_advantage(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tupl
 
 @ADV_ESTIMATORS.register("gpg")
 def compute_gpg_advantage(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPG (Chu et al. 2025): group-centred score scaled by alpha = B / B_valid.
+    """GPG (Chu et al. 2025): group-centred score scaled by alpha = B / B_valid, never divided by the std.
 
     B counts the (session-representative) samples, B_valid those in groups whose scores are
     not all equal: the rescaling undoes the gradient shrinkage caused by zero-signal groups.
-    The std division follows ``norm_adv_by_std_in_grpo``.
+    The paper's normaliser F_norm is 1, so ``norm_adv_by_std_in_grpo`` (a GRPO knob) does not apply.
     """
-    per_sample = outcome_advantage(inputs, lambda s, m: _grpo_group(s[m], cfg.norm_adv_by_std_in_grpo))
+    per_sample = outcome_advantage(inputs, lambda s, m: _grpo_group(s[m], norm_by_std=False))
     valid = outcome_advantage(
         inputs, lambda s, m: torch.full((len(m),), float(len(m) > 1 and bool(s[m].std() > 0)))
     )

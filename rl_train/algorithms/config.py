@@ -122,7 +122,7 @@ class AlgorithmConfig(StrictModel):
     adv_estimator: str = "grpo"
     """Registered advantage estimator (rl_train.algorithms.advantage.ADV_ESTIMATORS)."""
     norm_adv_by_std_in_grpo: bool = True
-    """GRPO-family: divide the group-centred reward by the group's (unbiased) std."""
+    """grpo, grpo_passk: divide the group-centred reward by the group's (unbiased) std (gpg never does)."""
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     """Discount factor for token-level estimators (GAE, REINFORCE++)."""
     lam: float = Field(1.0, ge=0.0, le=1.0)

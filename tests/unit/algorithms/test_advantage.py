@@ -78,11 +78,13 @@ def test_opo_length_weighted_baseline(make_outcome: Builder) -> None:
     assert per_sample(adv, mask) == pytest.approx([0.75, -0.25])
 
 
-def test_gpg_rescales_by_valid_fraction(make_outcome: Builder) -> None:
+@pytest.mark.parametrize("norm", [True, False])
+def test_gpg_rescales_by_valid_fraction_without_std(make_outcome: Builder, norm: bool) -> None:
     # group a [1, 0] has signal, group b [1, 1] none: alpha = B / B_valid = 4 / 2 = 2;
-    # centred a = [0.5, -0.5] -> [1, -1]; b -> [0, 0].
+    # centred a = [0.5, -0.5] -> [1, -1]; b -> [0, 0]. GPG never divides by the group std, whatever
+    # norm_adv_by_std_in_grpo says (dividing by std [1, 0] = 0.7071 would give +-1.414).
     rewards, mask = make_outcome([1.0, 0.0, 1.0, 1.0], [1, 2, 1, 1])
-    adv, _ = run("gpg", AdvantageInputs(rewards, mask, ["a", "a", "b", "b"]), norm_adv_by_std_in_grpo=False)
+    adv, _ = run("gpg", AdvantageInputs(rewards, mask, ["a", "a", "b", "b"]), norm_adv_by_std_in_grpo=norm)
     assert per_sample(adv, mask) == pytest.approx([1.0, -1.0, 0.0, 0.0])
 
 
