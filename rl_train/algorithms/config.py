@@ -150,7 +150,7 @@ class PolicyLossConfig(StrictModel):
     clip_ratio_high: float = Field(0.2, ge=0.0)
     """PPO clip: upper bound of the ratio is 1 + clip_ratio_high (DAPO clip-higher when larger)."""
     clip_ratio_c: float = Field(3.0, gt=1.0)
-    """Dual-clip constant c: negative-advantage losses are bounded by c * |A|."""
+    """Dual-clip constant c: vanilla bounds negative-advantage losses by c * |A|; dppo_* truncate the ratio at c."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How per-token losses become one number; denominators are global over micro-batches and ranks."""
     loss_agg_norm_length: int | None = Field(None, gt=0)

@@ -7,7 +7,12 @@ ones. DPPO instead bounds a divergence between pi_old and pi, here with the pape
 - KL: p log(p / q) + (1 - p) log((1 - p) / (1 - q)), p = pi_old(y), q = pi(y).
 A token's gradient is masked (loss = 0) only when it is outside the region *and* the update
 moves it further away in the advantage's direction (A > 0 and pi(y) > pi_old(y), or A < 0 and
-pi(y) < pi_old(y)); otherwise the loss is the unclipped -A * r.
+pi(y) < pi_old(y)); otherwise the loss is -A * min(r, c) with c = clip_ratio_c.
+
+The truncation at c matters for rare tokens: pi_old(y) = 0.001 -> pi(y) = 0.01 is a ratio of 10
+but a TV step of only 0.009, well inside the region. The truncated ratio is a detached weight on
+pi / sg(pi), so such a token gets the gradient -A * c * grad log pi, never more than a token at
+r = c, while tokens below c keep exactly the gradient of -A * r.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ def _dppo_loss(
     inputs: PolicyLossInputs,
     divergence: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     threshold: float,
+    truncation: float,
 ) -> tuple[torch.Tensor, Metrics]:
     mask = inputs.response_mask
     log_ratio = log_ratio_of(inputs)
@@ -49,9 +55,13 @@ def _dppo_loss(
     outside = divergence(p_old, p_new) > threshold
     moving_away = ((adv > 0) & (p_new > p_old)) | ((adv < 0) & (p_new < p_old))
     blocked = outside & moving_away
-    per_token = -adv * bounded_exp(log_ratio) * (~blocked).to(adv.dtype)
+    ratio = bounded_exp(log_ratio).detach()
+    # value min(r, c), gradient min(r, c) * grad log pi (for r < c: exactly those of r)
+    truncated = ratio.clamp(max=truncation) * torch.exp(inputs.log_prob - inputs.log_prob.detach())
+    per_token = -adv * truncated * (~blocked).to(adv.dtype)
     metrics = {
         "actor/pg_clipfrac": masked_mean(blocked.float(), mask),
+        "actor/pg_clipfrac_lower": masked_mean(((ratio > truncation) & ~blocked).float(), mask),
         "actor/ppo_kl": masked_mean(-log_ratio, mask).detach(),
     }
     return with_is_weights(per_token, inputs), metrics
@@ -59,11 +69,11 @@ def _dppo_loss(
 
 @POLICY_LOSSES.register("dppo_tv")
 def compute_dppo_tv_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
-    """DPPO with the binary total-variation region (radius dppo_tv_threshold)."""
-    return _dppo_loss(inputs, binary_tv, cfg.dppo_tv_threshold)
+    """DPPO with the binary total-variation region (radius dppo_tv_threshold), ratio truncated at c."""
+    return _dppo_loss(inputs, binary_tv, cfg.dppo_tv_threshold, cfg.clip_ratio_c)
 
 
 @POLICY_LOSSES.register("dppo_kl")
 def compute_dppo_kl_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
-    """DPPO with the binary KL region (radius dppo_kl_threshold)."""
-    return _dppo_loss(inputs, binary_kl, cfg.dppo_kl_threshold)
+    """DPPO with the binary KL region (radius dppo_kl_threshold), ratio truncated at c."""
+    return _dppo_loss(inputs, binary_kl, cfg.dppo_kl_threshold, cfg.clip_ratio_c)

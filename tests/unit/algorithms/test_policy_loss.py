@@ -152,6 +152,21 @@ def test_dppo_kl_binary_divergence() -> None:
     assert loss == pytest.approx([0.0, -1.1])
 
 
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
+def test_dppo_truncates_the_ratio_at_clip_ratio_c(name: str) -> None:
+    # Rare tokens: every step is inside both regions (TV <= 0.04; binary KL <= 0.025), so none is
+    # blocked, and only the truncation at c = 3 limits them. loss = -A * min(r, 3), and
+    # d loss / d log pi = -A * min(r, 3):
+    # 0.01 -> 0.02 (r = 2, A = +1): -2; 0.01 -> 0.025 (r = 2.5, A = +1): -2.5;
+    # 0.01 -> 0.05 (r = 5, A = +1): -3, not -5; 0.001 -> 0.01 (r = 10, A = -1): +3, not +10.
+    inputs = make_inputs([2.0, 2.5, 5.0, 10.0], [1, 1, 1, -1], old_probs=[0.01, 0.01, 0.01, 0.001])
+    loss, grad, metrics = loss_and_grad(name, inputs)
+    assert loss == pytest.approx([-2.0, -2.5, -3.0, 3.0])
+    assert grad == pytest.approx([-2.0, -2.5, -3.0, 3.0])
+    assert float(metrics["actor/pg_clipfrac"]) == 0.0
+    assert float(metrics["actor/pg_clipfrac_lower"]) == pytest.approx(0.5)  # r = 5 and r = 10
+
+
 def test_clip_cov_detaches_high_covariance_tokens() -> None:
     # ratio 1 everywhere. A = [1, -1, 1, -1], log pi = [-1, -1, -3, -3]: means 0 and -2, so
     # cov = [1, -1, -1, 1]; with lb 0.5 the candidates are tokens 0 and 3. clip_cov_ratio 1 picks
