@@ -84,7 +84,7 @@ class RolloutCorrectionConfig(StrictModel):
     rollout_rs: str | None = None
     """Rejection-sampling options, comma-separated and ANDed, e.g. "token_k1,seq_mean_k3"; null = off."""
     rollout_rs_threshold: str | None = None
-    """One bound per RS option (or one for all), quoted: "lo_hi", or u = [1/u, u] for k1, [0, u] for k2/k3."""
+    """One bound per RS option (or one for all), quoted: "lo_hi" or u; k1 bounds pi_rollout / pi_old, u = [1/u, u]."""
     bypass_mode: bool = False
     """Use the rollout log-probs as old_log_prob (no recomputation); needs rollout log-probs."""
 

@@ -44,7 +44,10 @@ def bypass_old_log_prob(rollout_log_prob: torch.Tensor | None) -> torch.Tensor:
 
 
 def per_token_divergence(log_ratio: torch.Tensor, estimator: str) -> torch.Tensor:
-    """k1 = -log_ratio, k2 = 0.5 * log_ratio^2, k3 = exp(log_ratio) - 1 - log_ratio (all [B, T])."""
+    """[B, T] per-token divergence of the rollout from the training engine.
+
+    k1 = -log_ratio = log(pi_rollout / pi_old); k2 = 0.5 * log_ratio^2; k3 = exp(log_ratio) - 1 - log_ratio.
+    """
     return _DIVERGENCES[estimator](log_ratio)
 
 
@@ -75,14 +78,12 @@ def _inside(values: torch.Tensor, bounds: Bounds) -> torch.Tensor:
 def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rules: list[RejectionRule]) -> torch.Tensor:
     """[B, T] bool: ``mask`` with the tokens / sequences that fail any rule removed.
 
-    k1 statistics are compared on the ratio scale exp(-k1) (e.g. seq_sum_k1 is the sequence's
-    importance ratio); k2 / k3 statistics are compared as they are.
+    Every statistic is compared as it is: k1 ones (log pi_rollout / pi_old, summed or averaged)
+    against the log-space bounds the parser made for them, k2 / k3 ones against theirs.
     """
     keep = mask.clone()
     for rule in rules:
         stat = _LEVEL_STATISTICS[rule.level](per_token_divergence(log_ratio, rule.estimator), mask)
-        if rule.estimator == "k1":
-            stat = bounded_exp(-stat)
         keep &= _inside(stat, rule.bounds).expand_as(mask)
     return keep
 

@@ -46,6 +46,7 @@ def off_policy_metrics(
     def mean(x: torch.Tensor) -> float:
         return float(x.mean()) if x.numel() else 0.0
 
+    chi2_seq = mean(bounded_exp(seq_log_ratio).square()) - 1.0 if seq_log_ratio.numel() else 0.0
     return {
         "rollout_corr/kl": float(masked_mean(-log_ratio, mask)),
         "rollout_corr/k3_kl": float(masked_mean(bounded_exp(log_ratio) - 1 - log_ratio, mask)),
@@ -54,7 +55,7 @@ def off_policy_metrics(
         "rollout_corr/log_ppl_diff": mean(diff),
         "rollout_corr/ppl_ratio": mean(bounded_exp(diff)),
         "rollout_corr/chi2_token": float(masked_mean(bounded_exp(log_ratio).square(), mask)) - 1.0,
-        "rollout_corr/chi2_seq": mean(bounded_exp(seq_log_ratio).square()) - 1.0 if seq_log_ratio.numel() else 0.0,
+        "rollout_corr/chi2_seq": chi2_seq,
     }
 
 

@@ -7,8 +7,12 @@ Formats, as users write them in YAML:
   sequence is kept only if it passes every option (AND).
 - RS thresholds: one bound spec per option, comma-separated, or a single one shared by all. A bound
   spec is ``"lo_hi"`` or a single value ``u``. For ``k1`` options the bounds are on the ratio scale
-  (exp of the log-ratio statistic) and ``u`` means ``[1/u, u]``; for ``k2``/``k3`` (non-negative
-  divergences) ``u`` means ``[0, u]``.
+  and ``u`` means ``[1/u, u]``; for ``k2``/``k3`` (non-negative divergences) ``u`` means ``[0, u]``.
+
+The k1 ratio is pi_rollout / pi_old (exp of k1 = log pi_rollout - log pi_old, summed or averaged),
+the reference framework's convention, so that a ``"lo_hi"`` spec copied from one of its configs
+rejects the same tokens. It is the inverse of the IS weight pi_old / pi_rollout: symmetric specs
+(``u``, or ``1/u_u``) mean the same either way, an asymmetric one does not.
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ class Bounds:
 
 @dataclass(frozen=True)
 class RejectionRule:
-    """One RS option: a statistic (``level`` x ``estimator``) and the interval it must lie in."""
+    """One RS option: a statistic (``level`` x ``estimator``) and the interval it must lie in.
+
+    For k1 the interval is held in log space ([ln lo, ln hi]), as the k1 statistic is a log-ratio:
+    comparing there needs no exp, so no clamp can move a statistic across a bound.
+    """
 
     level: str
     estimator: str
@@ -87,16 +95,17 @@ def parse_rs_options(spec: str) -> list[tuple[str, str]]:
 
 
 def _rule_bounds(estimator: str, spec: str, context: str) -> Bounds:
+    """k2/k3: the bounds as given; k1: ratio bounds on pi_rollout / pi_old, returned in log space."""
     lower, upper = split_bounds(spec, context)
     if estimator != "k1":
         return Bounds(lower, upper)
     if lower is None:
         if upper <= 1:
             raise ValueError(f"{context}: a single k1 bound u means [1/u, u] and needs u > 1, got {spec!r}")
-        return Bounds(1.0 / upper, upper)
+        return Bounds(-math.log(upper), math.log(upper))
     if lower <= 0:
         raise ValueError(f"{context}: k1 bounds are ratios and need lower > 0, got {spec!r}")
-    return Bounds(lower, upper)
+    return Bounds(math.log(lower), math.log(upper))
 
 
 def parse_rs_rules(options: str, thresholds: str | float | None) -> list[RejectionRule]:

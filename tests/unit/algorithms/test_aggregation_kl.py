@@ -146,9 +146,8 @@ def test_vf_clipfrac_ignores_rounding_inside_the_range() -> None:
     # counted the token as clipped. clip(V, V_old - c, V_old + c) is V exactly: clipfrac 0,
     # loss 0.5 * 0.2^2 = 0.02.
     values = torch.tensor([[0.2]], dtype=torch.float64)
-    loss, metrics = compute_value_loss(
-        values, torch.tensor([[-0.1]], dtype=torch.float64), torch.zeros_like(values), torch.ones_like(values), 0.5
-    )
+    old_values = torch.tensor([[-0.1]], dtype=torch.float64)
+    loss, metrics = compute_value_loss(values, old_values, torch.zeros_like(values), torch.ones_like(values), 0.5)
     assert float(metrics["critic/vf_clipfrac"]) == 0.0
     assert float(loss[0, 0]) == 0.5 * 0.2**2
 

@@ -178,3 +178,21 @@ def test_sequence_ratios_with_extreme_tokens_match_reference(seed: int) -> None:
             want_gspo = max(-a * s, -a * min(max(s, 1 - 3e-4), 1 + 4e-4))
             assert float(gspo[i, t]) == pytest.approx(want_gspo, rel=1e-12)
             assert float(geo[i, t]) == pytest.approx(-seq_adv * clamp_exp(sum(pess) / len(pess)), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [12, 13])
+@pytest.mark.parametrize("option", ["token_k1", "seq_sum_k1", "seq_mean_k1"])
+def test_asymmetric_k1_rejection_matches_reference(seed: int, option: str) -> None:
+    """"lo_hi" k1 bounds: keep iff ln lo <= k1 statistic <= ln hi, k1 = log pi_rollout - log pi_old."""
+    data = random_batch(seed)
+    lo, hi = 0.5, 3.0
+    cfg = RolloutCorrectionConfig(rollout_rs=option, rollout_rs_threshold=f"{lo}_{hi}")
+    _, new_mask, _ = compute_rollout_correction(t64(data["old"]), t64(data["new"]), t64(data["mask"]), cfg)
+    for i in range(B):
+        idx = [t for t in range(T) if data["mask"][i][t]]
+        k1 = {t: data["new"][i][t] - data["old"][i][t] for t in idx}  # "new" plays the rollout
+        seq = sum(k1.values()) / (len(idx) if option == "seq_mean_k1" else 1)
+        for t in range(T):
+            stat = k1.get(t, 0.0) if option == "token_k1" else seq
+            keep = t in k1 and math.log(lo) <= stat <= math.log(hi)
+            assert float(new_mask[i, t]) == float(keep), (i, t)

@@ -91,9 +91,9 @@ def test_is_weights_are_detached() -> None:
 @pytest.mark.parametrize(
     ("rs", "threshold", "expected_mask"),
     [
-        # ratios in [1/2, 2]: only 4.0 fails.
+        # k1 ratios pi_rollout / pi_old = 1 / RATIOS in [1/2, 2]: only 1/4 fails.
         ("token_k1", "2.0", [[0, 1, 1, 0], [0, 1, 1, 0]]),
-        # sequence ratios 2.0 and 3.0 against [0.4, 2.5]: row 1 rejected.
+        # sequence ratios pi_rollout / pi_old 1/2 and 1/3 against [0.4, 2.5]: row 1 rejected.
         ("seq_sum_k1", "2.5", [[0, 1, 1, 1], [0, 0, 0, 0]]),
         # k3 = r - 1 - ln r: row 0 mean (0.19315 + 0 + 1.61371) / 3 = 0.6023 > 0.5 -> rejected;
         # row 1 mean (0.30685 + 0.09453) / 2 = 0.2007 kept.
@@ -111,6 +111,29 @@ def test_rejection_sampling(rs: str, threshold: str, expected_mask: list[list[fl
     assert torch.equal(new_mask, expected)
     removed = 1 - float(expected.sum()) / float(MASK.sum())
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(removed)
+
+
+@pytest.mark.parametrize(
+    ("rs", "expected_mask"),
+    [
+        # k1 bounds apply to pi_rollout / pi_old, the reference's ratio (the inverse of the IS weight).
+        # Row 0 pi_old / pi_rollout [0.25, 2.5, 1, 0.4] is pi_rollout / pi_old [4, 0.4, 1, 2.5]:
+        # [0.5, 3] keeps [no, no, yes, yes] (bounding pi_old / pi_rollout would keep [no, yes, yes, no]).
+        # Row 1 [2.5, 1] -> [0.4, 1]: [no, yes]. Row 2 [0.4, 1] -> [2.5, 1]: [yes, yes].
+        ("token_k1", [[0, 0, 1, 1], [0, 1, 0, 0], [1, 1, 0, 0]]),
+        # Sequence ratios pi_rollout / pi_old: row 0 4 * 0.4 * 1 * 2.5 = 4 (out), row 1 0.4 (out),
+        # row 2 2.5 (in).
+        ("seq_sum_k1", [[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0]]),
+    ],
+)
+def test_asymmetric_k1_bounds_use_the_reference_ratio(rs: str, expected_mask: list[list[float]]) -> None:
+    rows = [[0.25, 2.5, 1.0, 0.4], [2.5, 1.0, 1.0, 1.0], [0.4, 1.0, 1.0, 1.0]]
+    ratios = torch.tensor(rows, dtype=torch.float64)
+    mask = torch.tensor([[1.0] * 4, [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    rollout = torch.full_like(ratios, math.log(0.1))
+    cfg = RolloutCorrectionConfig(rollout_rs=rs, rollout_rs_threshold="0.5_3.0")
+    _, new_mask, _ = compute_rollout_correction(rollout + ratios.log(), rollout, mask, cfg)
+    assert new_mask.tolist() == expected_mask
 
 
 def test_off_policy_metrics_hand_values() -> None:
