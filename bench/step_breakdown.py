@@ -23,7 +23,6 @@ from rl_train.runtime import apply_local_defaults
 apply_local_defaults()
 
 from rl_train.config import load_config  # noqa: E402
-from rl_train.flows.step import execute_global_step  # noqa: E402
 from rl_train.flows.train import build_trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
             for use_prefect in (True, False):
                 step += 1
                 started = time.perf_counter()
-                metrics = execute_global_step(trainer.run_id, step, use_prefect)
+                trainer.config.trainer.use_prefect = use_prefect
+                metrics = trainer.step(step)
                 metrics["timing/step"] = time.perf_counter() - started
                 if round_no > 0:  # the first round warms both paths up
                     timings[use_prefect].append(metrics)

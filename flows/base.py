@@ -7,21 +7,23 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import ray
+from prefect import flow
 
-from rl_train.config import Config, ConfigError, config_to_yaml
+from rl_train.config import Config, ConfigError, config_to_yaml, mode_config_errors
 from rl_train.engines.model.tiny import create_tiny_policy
-from rl_train.engines.workers.pools import WorkerPools, ensure_ray
-from rl_train.flows.step import PhaseRunner, execute_global_step
+from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
+from rl_train.flows.context import RunContext
+from rl_train.flows.step import PhaseRunner, run_global_step, step_settings
 from rl_train.storage.builtin_data import write_builtin_task
 from rl_train.storage.dataset import PromptLoader, load_prompts
 from rl_train.storage.metrics import MetricsWriter
+from rl_train.storage.replay_base import ReplayBufferBase
 from rl_train.storage.replay_buffer import ReplayBuffer
 from rl_train.storage.replay_buffer_async import load_sampler_class
 from rl_train.tasks import validate
-from rl_train.tasks.context import RunContext, register_run, unregister_run
+from rl_train.tasks.context import RunHandle, attach_run, detach_run
 
 
 def prepare_inputs(config: Config) -> None:
@@ -45,52 +47,53 @@ def prepare_inputs(config: Config) -> None:
 class BaseTrainer(ABC):
     """Template method: ``fit`` runs the lifecycle; subclasses fill in the hooks."""
 
-    replay_buffer_class: type = ReplayBuffer
+    replay_buffer_class: type[ReplayBufferBase] = ReplayBuffer
     """The mode's replay buffer (R-2.9); ``replay.sampler`` in the config replaces it."""
-    mode_defaults: ClassVar[dict[str, Any]] = {}
-    """Dotted config keys this mode defaults differently, applied at load where the user set none
-    (a callable value gets the raw config data and returns the default)."""
+    worker_classes: WorkerClasses = WorkerClasses()
+    """The actor classes of the run's pools."""
 
     def __init__(self, config: Config, run_id: str | None = None) -> None:
-        errors = self.config_errors(config)
+        errors = mode_config_errors(config)
         if errors:
             raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
         self.config = config
         self.run_id = run_id or f"{config.run.name}-{uuid.uuid4().hex[:8]}"
         self.run_dir = f"{config.run.output_dir.rstrip('/')}/{config.run.name}"
         self.history: list[dict[str, Any]] = []
-        self.context: RunContext | None = None
-
-    @classmethod
-    def config_errors(cls, config: Config) -> list[str]:
-        """What this mode cannot run with, one dotted-path message each (checked at load too)."""
-        return []
+        self._context: RunContext | None = None
 
     # -- template -----------------------------------------------------------------------
     def init(self) -> None:
-        """Validate data, create the model if needed, start Ray and the worker pools."""
+        """Validate data, create the model if needed, start Ray and the worker pools.
+
+        On failure, whatever was started is released before the error propagates."""
         prepare_inputs(self.config)
         train_prompts = load_prompts(self.config.data.resolved_train_files())
-        val_prompts = (
-            load_prompts(self.config.data.resolved_val_files())
-            if self.config.trainer.val_every_steps or self.config.trainer.val_before_train
-            else []
-        )
-        ensure_ray(self.config.ray.address, self.config.ray.num_cpus)
-        pools = WorkerPools.create(self.run_id, self.config)
-        sampling = {
-            "temperature": self.config.rollout.temperature,
-            "top_p": self.config.rollout.top_p,
-            "max_new_tokens": self.config.rollout.max_new_tokens,
-        }
-        loader = PromptLoader(train_prompts, seed=self.config.run.seed)
-        buffer = self.build_replay_buffer(pools, loader, sampling)
-        self.context = RunContext(self.run_id, self.config, pools, buffer, val_prompts, hooks=self)
-        register_run(self.context)
+        if self.config.trainer.val_every_steps or self.config.trainer.val_before_train:
+            load_prompts(self.config.data.resolved_val_files())  # fail now, not at the first validation
         self.metrics = MetricsWriter(self.run_dir)
-        self.metrics.write_text("config.yaml", config_to_yaml(self.config))
+        ensure_ray(self.config.ray.address, self.config.ray.num_cpus)
+        pools = WorkerPools.create(self.run_id, self.config, self.worker_classes)
+        try:
+            sampling = {
+                "temperature": self.config.rollout.temperature,
+                "top_p": self.config.rollout.top_p,
+                "max_new_tokens": self.config.rollout.max_new_tokens,
+            }
+            loader = PromptLoader(train_prompts, seed=self.config.run.seed)
+            buffer = self.build_replay_buffer(pools, loader, sampling)
+            self._context = RunContext(self.run_id, self.config, pools, buffer)
+            attach_run(RunHandle(self.run_id, self.config, pools))
+            self.metrics.write_text("config.yaml", config_to_yaml(self.config))
+        except BaseException:
+            pools.shutdown()
+            detach_run(self.run_id)
+            self._context = None
+            raise
 
-    def build_replay_buffer(self, pools: WorkerPools, loader: PromptLoader, sampling: dict[str, Any]) -> Any:
+    def build_replay_buffer(
+        self, pools: WorkerPools, loader: PromptLoader, sampling: dict[str, Any]
+    ) -> ReplayBufferBase:
         """The configured sampler class, or the mode's own, over the run's queue and replicas."""
         spec = self.config.replay.sampler
         cls = load_sampler_class(spec) if spec else self.replay_buffer_class
@@ -105,8 +108,9 @@ class BaseTrainer(ABC):
         )
 
     def fit(self) -> list[dict[str, Any]]:
-        self.init()
+        """init, the steps, teardown: pools, sockets and shared memory are released on every exit."""
         try:
+            self.init()
             self.on_train_begin()
             pending_val = self._validate(0) if self.config.trainer.val_before_train else {}
             for step in range(1, self.config.trainer.total_steps + 1):
@@ -123,11 +127,22 @@ class BaseTrainer(ABC):
                 self._print_progress(metrics)
             return self.history
         finally:
-            self.on_train_end()
-            self.teardown()
+            try:
+                if self._context is not None:
+                    self.on_train_end()
+            finally:
+                self.teardown()
 
     def step(self, step: int) -> dict[str, float]:
-        return execute_global_step(self.run_id, step, self.config.trainer.use_prefect)
+        """One global step: a Prefect sub-flow of phase tasks, or the phases called directly."""
+        if not self.config.trainer.use_prefect:
+            return run_global_step(self, step, direct=True)
+        with step_settings():
+            return self.global_step_flow(step)
+
+    @flow(name="global-step", flow_run_name="step-{step}", validate_parameters=False, log_prints=True)
+    def global_step_flow(self, step: int) -> dict[str, float]:
+        return run_global_step(self, step, direct=False)
 
     def _is_validation_step(self, step: int) -> bool:
         every = self.config.trainer.val_every_steps
@@ -144,7 +159,7 @@ class BaseTrainer(ABC):
     def rollout_activity(self, wall_seconds: float) -> dict[str, float]:
         """How much of the step the rollout engines generated (mean over replicas), and the
         groups still waiting on tool calls: where async modes win, this is where sync idles."""
-        activity = self.rollout_call("pop_activity")
+        activity = self.pools.pop_rollout_activity()
         busy = sum(a["busy_seconds"] for a in activity) / max(len(activity), 1)
         return {
             "rollout/busy_seconds": busy,
@@ -165,15 +180,27 @@ class BaseTrainer(ABC):
         print(" | ".join(parts), file=sys.stderr, flush=True)
 
     def teardown(self) -> None:
-        if self.context is not None:
-            self.context.pools.shutdown()
-            unregister_run(self.run_id)
-            self.context = None
+        """Close weight sync and kill the run's actors (idempotent)."""
+        if self._context is not None:
+            context, self._context = self._context, None
+            try:
+                context.pools.shutdown()
+            finally:
+                detach_run(self.run_id)
+
+    @property
+    def context(self) -> RunContext:
+        if self._context is None:
+            raise RuntimeError("the trainer has no running pools: call init() (or fit()) first")
+        return self._context
 
     @property
     def pools(self) -> WorkerPools:
-        assert self.context is not None, "init() first"
         return self.context.pools
+
+    @property
+    def replay_buffer(self) -> ReplayBufferBase:
+        return self.context.replay_buffer
 
     # -- hooks (R-2.2) ------------------------------------------------------------------
     def on_train_begin(self) -> None:
@@ -204,7 +231,3 @@ class BaseTrainer(ABC):
 
     def on_save_checkpoint(self, step: int) -> None:
         return None
-
-    def rollout_call(self, method: str) -> list[Any]:
-        """Call a lifecycle method on every rollout replica and wait."""
-        return ray.get([getattr(r, method).remote() for r in self.pools.rollouts])

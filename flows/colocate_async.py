@@ -5,11 +5,10 @@ requests are aborted (their tokens kept as partial rollouts) and rollout sleeps 
 trainer works. At step end the new weights are pushed, rollout wakes and generation resumes:
 the partial rollouts continue under the new weights, so their tokens span versions
 [k-1, k] and staleness stays within 1, while the long tail of step k overlaps step k+1.
+Its config defaults (token-level IS, staleness threshold 2) are in ``rl_train.modes``.
 """
 
 from __future__ import annotations
-
-from typing import Any, ClassVar
 
 from rl_train import tasks
 from rl_train.flows.async_hooks import AsyncTrainerHooks
@@ -19,24 +18,18 @@ from rl_train.flows.step import PhaseRunner
 
 @register_trainer("colocate_async")
 class ColocateAsyncTrainer(AsyncTrainerHooks):
-    mode_defaults: ClassVar[dict[str, Any]] = {
-        **AsyncTrainerHooks.mode_defaults,
-        # R-2.5: at most 1 version behind (R-7.2 staleness 2). Partial rollouts meet it by
-        # construction; a group held past its step by a slow tool call is evicted instead.
-        "replay.max_off_policy_threshold": 2,
-    }
-
     def on_sample_begin(self, step: int, local_update: int) -> None:
         if local_update:  # later local updates of a global step sample with the same weights
-            self.rollout_call("wake_up")
-            self.rollout_call("resume_generation")
+            self.pools.wake_rollouts()
+            self.pools.resume_generation()
 
     def on_sample_end(self, step: int, local_update: int) -> None:
-        self.rollout_call("pause_generation")
-        self.rollout_call("sleep")
+        self.pools.pause_generation()
+        self.pools.sleep_rollouts()
 
     def on_step_end(self, step: int, run: PhaseRunner) -> dict[str, float]:
         metrics = run(tasks.weight_sync, self.run_id, step)
-        self.rollout_call("wake_up")
-        self.rollout_call("resume_generation")
+        self.context.version = step
+        self.pools.wake_rollouts()
+        self.pools.resume_generation()
         return {**metrics, **self.step_metrics()}

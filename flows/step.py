@@ -7,14 +7,17 @@ the two. Modes change what happens *around* the phases through the trainer's hoo
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from rl_train import tasks
-from rl_train.tasks.context import get_run
+
+if TYPE_CHECKING:
+    from rl_train.flows.base import BaseTrainer
 
 
 class PhaseRunner:
@@ -32,16 +35,15 @@ class PhaseRunner:
         return result
 
 
-def run_global_step(run_id: str, step: int, direct: bool) -> dict[str, float]:
+def run_global_step(trainer: BaseTrainer, step: int, direct: bool) -> dict[str, float]:
     """parameter_sync_step local updates, then the mode's step-end (weight sync)."""
-    ctx = get_run(run_id)
-    trainer, cfg = ctx.hooks, ctx.config
+    ctx, cfg, run_id = trainer.context, trainer.config, trainer.run_id
     run = PhaseRunner(direct)
     metrics: dict[str, float] = {}
     groups = cfg.trainer.train_batch_size // cfg.trainer.parameter_sync_step
     for local in range(cfg.trainer.parameter_sync_step):
         trainer.on_sample_begin(step, local)
-        batch_id = run(tasks.generate, run_id, step, groups)
+        batch_id = run(tasks.generate, ctx.replay_buffer, step, groups)
         trainer.on_sample_end(step, local)
         metrics.update(run(tasks.reward, run_id, batch_id))
         metrics.update(run(tasks.balance, run_id, batch_id))
@@ -56,14 +58,8 @@ def run_global_step(run_id: str, step: int, direct: bool) -> dict[str, float]:
     return metrics
 
 
-@flow(name="global-step", flow_run_name="step-{step}", validate_parameters=False, log_prints=True)
-def global_step_flow(run_id: str, step: int) -> dict[str, float]:
-    return run_global_step(run_id, step, direct=False)
-
-
-def execute_global_step(run_id: str, step: int, use_prefect: bool) -> dict[str, float]:
-    """Run one global step; as a sub-flow its heartbeat is off (it would add ~1 s at exit)."""
-    if not use_prefect:
-        return run_global_step(run_id, step, direct=True)
+@contextlib.contextmanager
+def step_settings() -> Iterator[None]:
+    """A global step runs as a sub-flow with its heartbeat off (it would add ~1 s at exit)."""
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        return global_step_flow(run_id, step)
+        yield

@@ -16,14 +16,13 @@ from rl_train.flows.step import PhaseRunner
 class SyncTrainer(BaseTrainer):
     def on_sample_begin(self, step: int, local_update: int) -> None:
         if local_update:  # parameter_sync_step > 1: the next local update samples with the same weights
-            self.rollout_call("wake_up")
+            self.pools.wake_rollouts()
 
     def on_sample_end(self, step: int, local_update: int) -> None:
-        self.rollout_call("sleep")
+        self.pools.sleep_rollouts()
 
     def on_step_end(self, step: int, run: PhaseRunner) -> dict[str, float]:
         metrics = run(tasks.weight_sync, self.run_id, step)
-        self.rollout_call("wake_up")
-        assert self.context is not None
-        pop_metrics = getattr(self.context.replay_buffer, "pop_metrics", dict)  # custom samplers may lack it
-        return {**metrics, **pop_metrics()}
+        self.context.version = step
+        self.pools.wake_rollouts()
+        return {**metrics, **self.replay_buffer.pop_metrics()}

@@ -14,9 +14,11 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from rl_train.algorithms.config import AlgorithmConfig, StrictModel
+from rl_train.engines.rollout.registry import RolloutEngineName
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.weight_sync.config import WeightSyncConfig
+from rl_train.modes import MODES
 from rl_train.storage.replay_config import ReplayConfig
 
 
@@ -73,6 +75,8 @@ class TrainerConfig(StrictModel):
 
 
 class RolloutConfig(StrictModel):
+    engine: RolloutEngineName = "torch"
+    """Registered rollout engine (rl_train.engines.rollout.registry.ROLLOUT_ENGINES)."""
     n: int = Field(8, ge=1)
     """Samples per prompt (the group size)."""
     temperature: float = Field(1.0, ge=0)
@@ -246,17 +250,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def apply_mode_defaults(data: dict[str, Any]) -> None:
-    """Fill in the trainer mode's own defaults (``mode_defaults`` on its class, R-2.3) for the
-    keys that the file and the overrides leave unset; what the user wrote always wins. A
-    callable default is computed from the data as filled in so far."""
-    from rl_train.flows.registry import TRAINERS, load_builtin_trainers
-
-    load_builtin_trainers()
+    """Fill in the trainer mode's own defaults (``rl_train.modes``, R-2.3) for the keys that
+    the file and the overrides leave unset; what the user wrote always wins. A callable
+    default is computed from the data as filled in so far."""
     trainer = data.get("trainer")
     mode = trainer.get("mode", "sync") if isinstance(trainer, dict) else "sync"
-    if not isinstance(mode, str) or mode not in TRAINERS:
+    if not isinstance(mode, str) or mode not in MODES:
         return  # reported, with the registered names, once the tree has loaded
-    for dotted, value in TRAINERS.get(mode).mode_defaults.items():
+    for dotted, value in MODES[mode].defaults.items():
         if callable(value):  # derived from what is set by now (earlier defaults included)
             try:
                 value = value(data)
@@ -273,20 +274,21 @@ def apply_mode_defaults(data: dict[str, Any]) -> None:
             node.setdefault(leaf, value)
 
 
+def mode_config_errors(config: Config) -> list[str]:
+    """Registered names and the mode's own refusals, one dotted-path message each."""
+    if config.trainer.mode not in MODES:
+        return [
+            f"trainer.mode: got {config.trainer.mode!r}: unknown name; available: {', '.join(sorted(MODES))}"
+        ]
+    return MODES[config.trainer.mode].check(config)
+
+
 def _check_registered_names(config: Config) -> None:
     """Registered names are checked at load time too, so a typo fails before Ray starts.
 
     (The algorithm and weight-sync sections validate their own names inside pydantic.)
     """
-    from rl_train.flows.registry import TRAINERS, load_builtin_trainers
-
-    load_builtin_trainers()
-    if config.trainer.mode not in TRAINERS:
-        raise ConfigError(
-            f"invalid config:\n  trainer.mode: got {config.trainer.mode!r}: unknown name; "
-            f"available: {', '.join(TRAINERS.names())}"
-        )
-    errors = TRAINERS.get(config.trainer.mode).config_errors(config)
+    errors = mode_config_errors(config)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 

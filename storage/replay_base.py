@@ -27,3 +27,7 @@ class ReplayBufferBase:
         self.tq, self.rollouts, self.loader, self.n, self.sampling = tq, rollouts, loader, n, sampling
         self.cfg = config or ReplayConfig()
         self.rewards = rewards or []
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Replay figures since the last call (R-7.6); a custom sampler may report none."""
+        return {}

@@ -1,7 +1,11 @@
-"""The driver-side state of a run, found by run id.
+"""How a phase task reaches its run: from the run id alone.
 
-Prefect task parameters are small and serialisable (a run id, a step, a batch id); the
-heavy things (actor handles, the replay buffer, the data loader) stay here.
+A task gets ``(run_id, step, batch_id)``. In the driver's process it uses the pools the
+driver created (``attach_run``); in any other process (a Prefect retry in a fresh worker)
+it rejoins the run's named Ray actors and reads the run's config from the queue actor
+(``WorkerPools.join``); if they are gone it fails with ``RunGoneError``, which says so.
+What is cached here is only a view that the run id rebuilds: no run state lives here.
+The driver's own state (replay buffer, pending push) is the flow's ``RunContext``.
 """
 
 from __future__ import annotations
@@ -9,37 +13,44 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_train.engines.workers.pools import WorkerPools
+from rl_train.config import Config
+from rl_train.engines.workers.pools import RunGoneError, WorkerPools
+from rl_train.storage.dataset import load_prompts
 
-_RUNS: dict[str, RunContext] = {}
+__all__ = ["RunGoneError", "RunHandle", "attach_run", "detach_run", "join_run"]
 
 
 @dataclass
-class RunContext:
+class RunHandle:
     run_id: str
-    config: Any
+    config: Config
     pools: WorkerPools
-    replay_buffer: Any
-    val_prompts: list[dict[str, Any]]
-    hooks: Any = None
-    """The trainer, whose lifecycle hooks the step flow calls."""
-    version: int = 0
-    """Weight version (global step) that the rollout replicas serve."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    _val_prompts: list[dict[str, Any]] | None = field(default=None, repr=False)
+
+    @property
+    def val_prompts(self) -> list[dict[str, Any]]:
+        """The validation prompts, read from the configured files on first use."""
+        if self._val_prompts is None:
+            self._val_prompts = load_prompts(self.config.data.resolved_val_files())
+        return self._val_prompts
 
 
-def register_run(context: RunContext) -> None:
-    _RUNS[context.run_id] = context
+_HANDLES: dict[str, RunHandle] = {}
 
 
-def get_run(run_id: str) -> RunContext:
-    try:
-        return _RUNS[run_id]
-    except KeyError:
-        raise KeyError(
-            f"no active run {run_id!r} in this process; active: {', '.join(_RUNS) or '(none)'}"
-        ) from None
+def attach_run(handle: RunHandle) -> None:
+    """The driver registers the run it created, so its own tasks need no lookup."""
+    _HANDLES[handle.run_id] = handle
 
 
-def unregister_run(run_id: str) -> None:
-    _RUNS.pop(run_id, None)
+def detach_run(run_id: str) -> None:
+    _HANDLES.pop(run_id, None)
+
+
+def join_run(run_id: str) -> RunHandle:
+    """This process's view of the run: the driver's, or rejoined from the live actors."""
+    handle = _HANDLES.get(run_id)
+    if handle is None:
+        pools, config = WorkerPools.join(run_id)
+        handle = _HANDLES[run_id] = RunHandle(run_id, Config.model_validate(config), pools)
+    return handle

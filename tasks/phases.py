@@ -1,195 +1,122 @@
-"""The phase tasks of one local update, in R-3.1 order, and validation."""
+"""The phase tasks of one local update, in R-3.1 order, and validation.
+
+Every task but ``generate`` takes the run id and a batch id (or version) and nothing else,
+so a retry in a fresh process rejoins the run's actors (``join_run``). The records never
+pass through here: each phase runs on the pool that holds its model or on the queue actor
+that holds the data. ``generate`` is the exception by design: it drives the replay buffer,
+which is the driver's state (the trainer passes it in).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rl_train.tasks.balance import partition_by_tokens
-from rl_train.tasks.context import get_run
-from rl_train.tasks.correction import AdvantagePhase, bypass_old_log_probs
+from rl_train.engines.workers.pools import PendingPush
+from rl_train.tasks.context import join_run
 
 # Results are keys and small dicts: nothing to cache or persist by default (Prefect stays cheap).
 phase_task = task(cache_policy=NO_CACHE, persist_result=False)
 
 
-def _batch(ctx: Any, batch_id: str) -> dict[str, Any]:
-    return ray.get(ctx.pools.tq.get_batch.remote(batch_id))
+class SamplingBuffer(Protocol):
+    """What ``generate`` needs of a replay buffer (R-2.9)."""
 
+    def dispatch(self, num_groups: int, step: int) -> list[str]: ...
 
-def _split(keys: list[str], parts: int) -> list[list[str]]:
-    return [keys[i::parts] for i in range(parts)]
+    def sample(self, num_groups: int, step: int) -> str: ...
 
 
 @phase_task(name="generate")
-def generate(run_id: str, step: int, num_groups: int) -> str:
+def generate(buffer: SamplingBuffer, step: int, num_groups: int) -> str:
     """(1) Dispatch prompts to the rollout pool and sample complete groups; returns a batch id."""
-    ctx = get_run(run_id)
-    ctx.replay_buffer.dispatch(num_groups, step)
-    return ctx.replay_buffer.sample(num_groups, step)
+    buffer.dispatch(num_groups, step)
+    return buffer.sample(num_groups, step)
 
 
 @phase_task(name="reward")
 def reward(run_id: str, batch_id: str) -> dict[str, float]:
     """(2) Score every trajectory of the batch on the reward pool."""
-    ctx = get_run(run_id)
-    keys = _batch(ctx, batch_id)["keys"]
-    shards = _split(keys, len(ctx.pools.rewards))
-    scores = [
-        s
-        for part in ray.get(
-            [w.score.remote("train", k) for w, k in zip(ctx.pools.rewards, shards, strict=True)]
-        )
-        for s in part
-    ]
+    pools = join_run(run_id).pools
+    scores = pools.score("train", pools.batch(batch_id)["keys"])
     return {"reward/mean": sum(scores) / max(len(scores), 1), "reward/max": max(scores, default=0.0)}
 
 
 @phase_task(name="balance")
 def balance(run_id: str, batch_id: str) -> dict[str, float]:
-    """(3) Split the batch across DP ranks with even token counts."""
-    ctx = get_run(run_id)
-    keys = _batch(ctx, batch_id)["keys"]
-    tags = ray.get(ctx.pools.tq.get_tags.remote("train", keys))
-    lengths = [t["prompt_len"] + t["response_len"] for t in tags]
-    shards = partition_by_tokens(keys, lengths, len(ctx.pools.trainers))
-    ray.get(ctx.pools.tq.update_batch.remote(batch_id, shards=shards))
-    response_lengths = [t["response_len"] for t in tags]
-    return {
-        "response_length/mean": sum(response_lengths) / max(len(response_lengths), 1),
-        "balance/max_rank_tokens": float(max(sum(lengths[keys.index(k)] for k in s) for s in shards))
-        if keys
-        else 0.0,
-    }
-
-
-def _forward_pass(run_id: str, batch_id: str, out_field: str, reference: bool) -> None:
-    ctx = get_run(run_id)
-    shards = _batch(ctx, batch_id)["shards"]
-    ray.get(
-        [
-            rank.compute_log_probs.remote("train", shard, out_field, reference)
-            for rank, shard in zip(ctx.pools.trainers, shards, strict=True)
-        ]
-    )
+    """(3) Split the batch across DP ranks with even token counts (in the queue actor)."""
+    return join_run(run_id).pools.balance(batch_id)
 
 
 @phase_task(name="old_log_prob")
 def old_log_prob(run_id: str, batch_id: str) -> None:
     """(4) pi_old log-probs, recomputed by the training engine, or copied in bypass_mode (R-7.1)."""
-    ctx = get_run(run_id)
-    if not ctx.config.algorithm.rollout_correction.bypass_mode:
-        _forward_pass(run_id, batch_id, "old_log_probs", reference=False)
-        return
-    keys = _batch(ctx, batch_id)["keys"]
-    records = ray.get(ctx.pools.tq.get.remote("train", keys))
-    values = bypass_old_log_probs(records)
-    ray.get(
-        ctx.pools.tq.put.remote("train", {k: {"old_log_probs": v} for k, v in zip(keys, values, strict=True)})
-    )
+    run = join_run(run_id)
+    if run.config.algorithm.rollout_correction.bypass_mode:
+        run.pools.copy_rollout_log_probs(batch_id)
+    else:
+        run.pools.compute_log_probs(batch_id, "old_log_probs", reference=False)
 
 
 @phase_task(name="ref")
 def ref(run_id: str, batch_id: str) -> None:
     """(5) Reference log-probs for the KL penalty."""
-    _forward_pass(run_id, batch_id, "ref_log_probs", reference=True)
+    join_run(run_id).pools.compute_log_probs(batch_id, "ref_log_probs", reference=True)
 
 
 @phase_task(name="advantage")
 def advantage(run_id: str, batch_id: str) -> dict[str, float]:
-    """(6-7) Rollout correction (IS/RS, ``rollout_corr/*``), token rewards (+ in-reward KL), advantages."""
-    ctx = get_run(run_id)
-    phase = ctx.extra.get("advantage_phase")
-    if phase is None:  # built once per run: the adaptive KL beta and the runbook trends persist
-        phase = ctx.extra["advantage_phase"] = AdvantagePhase.from_config(ctx.config.algorithm)
-    keys = _batch(ctx, batch_id)["keys"]
-    updates, metrics = phase.compute(ray.get(ctx.pools.tq.get.remote("train", keys)))
-    ray.get(ctx.pools.tq.put.remote("train", dict(zip(keys, updates, strict=True))))
-    return metrics
+    """(6-7) Rollout correction (IS/RS, ``rollout_corr/*``), token rewards (+ in-reward KL),
+    advantages: computed in the queue actor, where the records are."""
+    return join_run(run_id).pools.compute_advantages(batch_id)
 
 
 @phase_task(name="update")
 def update(run_id: str, batch_id: str) -> dict[str, float]:
-    """(9) Actor update on every DP rank (each rank runs the same number of optimizer steps)."""
-    ctx = get_run(run_id)
-    batch = _batch(ctx, batch_id)
-    mini = ctx.config.actor.ppo_mini_batch_size
-    num_mini_batches = len(batch["groups"]) // mini if mini else 1
-    per_rank = ray.get(
-        [
-            rank.update.remote("train", shard, num_mini_batches)
-            for rank, shard in zip(ctx.pools.trainers, batch["shards"], strict=True)
-        ]
-    )
-    return per_rank[0]
+    """(9) Actor update on every DP rank (each rank runs the same number of optimizer steps);
+    the metrics are the mean over ranks."""
+    run = join_run(run_id)
+    mini = run.config.actor.ppo_mini_batch_size
+    num_groups = len(run.pools.batch(batch_id)["groups"])
+    return run.pools.update(batch_id, num_groups // mini if mini else 1)
 
 
 @phase_task(name="weight_sync")
 def weight_sync(run_id: str, version: int) -> dict[str, float]:
-    """Push the trained weights to the rollout pool as ``version`` (R-8.5)."""
-    ctx = get_run(run_id)
-    metrics = ctx.pools.sync_weights(version)
-    ctx.version = version
-    return metrics
+    """Push the trained weights to the rollout pool as ``version`` and wait (R-8.5)."""
+    return join_run(run_id).pools.sync_weights(version)
 
 
 @phase_task(name="weight_sync")
-def push_weights(run_id: str, version: int) -> dict[str, float]:
+def push_weights(
+    run_id: str, version: int, previous: PendingPush | None
+) -> tuple[PendingPush, dict[str, float]]:
     """separate_async's weight_sync (R-2.6): launch the push of ``version`` without waiting.
 
-    The previous push is awaited first (at most one in flight); its metrics are returned.
-    """
-    ctx = get_run(run_id)
-    metrics = finish_push(run_id)
-    ctx.extra["pending_push"] = ctx.pools.start_weight_sync(version)
-    ctx.version = version
-    return metrics
-
-
-def finish_push(run_id: str) -> dict[str, float]:
-    """Wait for the push in flight, if any, and return its metrics."""
-    wait = get_run(run_id).extra.pop("pending_push", None)
-    return wait() if wait is not None else {}
+    The previous push is awaited first (at most one in flight); its metrics are returned with
+    the new push, which runs beside the next step's training."""
+    metrics = previous.wait() if previous is not None else {}
+    return join_run(run_id).pools.start_weight_sync(version), metrics
 
 
 @phase_task(name="validate")
 def validate(run_id: str, step: int) -> dict[str, float]:
     """Greedy (val_temperature) answers to every validation prompt, scored; nothing is kept."""
-    ctx = get_run(run_id)
-    tq = ctx.pools.tq
-    records = {f"v{step}-{i}": dict(row) for i, row in enumerate(ctx.val_prompts)}
+    run = join_run(run_id)
+    records = {f"v{step}-{i}": dict(row) for i, row in enumerate(run.val_prompts)}
     tags = {k: {"kind": "prompt", "status": "pending"} for k in records}
-    ray.get(tq.put.remote("val", records, tags))
-    keys = list(records)
-    params = {
-        "temperature": ctx.config.rollout.val_temperature,
+    run.pools.put_records("val", records, tags)
+    params: dict[str, Any] = {
+        "temperature": run.config.rollout.val_temperature,
         "top_p": 1.0,
-        "max_new_tokens": ctx.config.rollout.max_new_tokens,
+        "max_new_tokens": run.config.rollout.max_new_tokens,
     }
-    replicas = ctx.pools.rollouts
-    traj = [
-        k
-        for part in ray.get(
-            [
-                r.generate_prompts.remote("val", s, 1, params)
-                for r, s in zip(replicas, _split(keys, len(replicas)), strict=True)
-                if s
-            ]
-        )
-        for k in part
-    ]
-    workers = ctx.pools.rewards
-    scores = [
-        s
-        for part in ray.get(
-            [w.score.remote("val", s) for w, s in zip(workers, _split(traj, len(workers)), strict=True) if s]
-        )
-        for s in part
-    ]
-    ray.get(tq.delete.remote("val", keys + traj))
+    keys = list(records)
+    trajectories = run.pools.generate("val", keys, 1, params)
+    scores = run.pools.score("val", trajectories)
+    run.pools.delete_records("val", keys + trajectories)
     return {"val/reward_mean": sum(scores) / max(len(scores), 1)}
 
 

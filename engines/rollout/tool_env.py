@@ -107,6 +107,12 @@ class DelayedCalls:
                 self._thread.start()
             self._cond.notify()
 
+    def pop_errors(self) -> list[str]:
+        """The errors recorded since the last call."""
+        with self._cond:
+            errors, self.errors = self.errors, []
+        return errors
+
     def pending(self) -> int:
         with self._cond:
             return len(self._heap)
@@ -120,4 +126,5 @@ class DelayedCalls:
             try:
                 fn()
             except Exception as exc:  # noqa: BLE001 - reported through ``errors``, never lost
-                self.errors.append(f"{type(exc).__name__}: {exc}")
+                with self._cond:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")

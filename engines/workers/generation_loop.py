@@ -57,6 +57,12 @@ class GenerationLoop:
             self._holds = max(self._holds - 1, 0)
             self._cond.notify_all()
 
+    def pop_errors(self) -> list[str]:
+        """The errors recorded since the last call."""
+        with self._cond:
+            errors, self.errors = self.errors, []
+        return errors
+
     def queued(self) -> int:
         with self._cond:
             return len(self._queue)
@@ -85,7 +91,8 @@ class GenerationLoop:
             try:
                 unfinished = self._run(partition, keys, n, dict(params))
             except Exception as exc:  # the prompts are tagged failure; the buffer retries them
-                self.errors.append(f"{type(exc).__name__}: {exc}")
+                with self._cond:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
             finally:
                 with self._cond:
                     job = (partition, n, params)

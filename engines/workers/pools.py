@@ -1,25 +1,36 @@
-"""Creating, finding and syncing the run's Ray actors.
+"""Creating, joining and driving the run's Ray actors.
 
-Actors are named in a per-run namespace (``rl-train/<run_id>``) and created once per run;
-every Prefect task of the run reaches them by name, so nothing but a run id crosses Prefect.
+Actors are named in a per-run namespace (``rl-train/<run_id>``) and created once per run.
+The queue actor keeps the run's resolved config, so any process connected to the run's Ray
+cluster (a Prefect retry in a fresh worker, say) rejoins every pool from the run id alone
+(``WorkerPools.join``). Flows and tasks drive the pools only through the typed methods here;
+nothing above this module calls an actor method by name or imports Ray.
 In sync mode all pools share the machine's CPUs (actors reserve 0 CPUs and alternate).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
+from rl_train.engines.workers.queue_worker import QueueWorker
 from rl_train.engines.workers.reward_worker import RewardWorker
 from rl_train.engines.workers.rollout_worker import RolloutWorker
 from rl_train.engines.workers.trainer_worker import TrainerWorker
-from rl_train.storage.transfer_queue import TransferQueue
+
+QUEUE_ACTOR = "transfer-queue"
+SYNC_GROUP = "weight_sync"
+"""The trainer actors' concurrency group for pushes: a push runs beside the next step's work."""
+
+
+class RunGoneError(RuntimeError):
+    """The run's actors cannot be reached from this process (the run ended, or another cluster)."""
 
 
 def run_namespace(run_id: str) -> str:
@@ -53,109 +64,319 @@ def _free_port() -> int:
 
 
 @dataclass
+class WorkerClasses:
+    """The actor classes of a run; a test may swap one for a subclass that records or fails."""
+
+    queue: type = QueueWorker
+    rollout: type = RolloutWorker
+    trainer: type = TrainerWorker
+    reward: type = RewardWorker
+
+
+@dataclass
+class PendingPush:
+    """A weight push in flight: ``wait()`` returns its metrics (the sender's, max over receivers)."""
+
+    metrics_ref: Any
+    receive_refs: list[Any]
+
+    def wait(self) -> dict[str, float]:
+        metrics = dict(ray.get(self.metrics_ref))
+        for replica_metrics in ray.get(self.receive_refs):
+            for key, value in replica_metrics.items():
+                metrics[key] = max(metrics.get(key, 0.0), value)
+        return metrics
+
+
+def _wait(refs: list[Any]) -> list[Any]:
+    return ray.get(refs)
+
+
+@dataclass
 class WorkerPools:
     run_id: str
     tq: Any
     rollouts: list[Any]
     trainers: list[Any]
     rewards: list[Any]
+    weight_sync_timeout: float = 120.0
+    handover: bool = False
+    """The backend hands the sender's payload to receivers by object reference."""
+    _closed: bool = field(default=False, repr=False)
 
     @classmethod
-    def create(cls, run_id: str, config: Any) -> WorkerPools:
-        """Create every actor of the run (``config`` is the run's ``Config``)."""
+    def create(cls, run_id: str, config: Any, classes: WorkerClasses | None = None) -> WorkerPools:
+        """Create every actor of the run (``config`` is the run's ``Config``).
+
+        If anything fails half-way, the actors created so far are killed before raising.
+        """
+        classes = classes or WorkerClasses()
         ns = run_namespace(run_id)
         common = {"namespace": ns, "num_cpus": 0, "lifetime": None}
-        tq = ray.remote(TransferQueue).options(name="transfer-queue", **common).remote()
-        model_path = str(config.model.path)
-        rollouts = [
-            ray.remote(RolloutWorker)
-            .options(name=f"rollout-{i}", max_concurrency=2, **common)
-            .remote(
-                model_path,
-                tq,
-                config.run.seed + 1000 * i,
-                config.rollout.num_threads,
-                config.rollout.tool_env.model_dump(),
-            )
-            for i in range(config.rollout.num_replicas)
-        ]
-        world = config.actor.num_ranks
-        address = f"127.0.0.1:{_free_port()}" if world > 1 else None
-        trainers = [
-            ray.remote(TrainerWorker)
-            .options(name=f"trainer-{rank}", **common)
-            .remote(
-                rank,
-                world,
-                model_path,
-                config.actor.model_dump(),
-                config.optimizer_horizon_steps,
-                config.rollout.temperature,
-                config.run.seed,
-                tq,
-                address,
-                config.actor.kl_loss or config.algorithm.kl_in_reward,  # needs the reference model
-                config.rollout.tool_env.model_dump(),  # the spare rescue engine meets the same tools
-            )
-            for rank in range(world)
-        ]
-        rewards = [
-            ray.remote(RewardWorker).options(name=f"reward-{i}", **common).remote(model_path, tq)
-            for i in range(config.reward.num_workers)
-        ]
-        pools = cls(run_id, tq, rollouts, trainers, rewards)
-        ray.get([t.ping.remote() for t in trainers])
-        pools.open_weight_sync(config.rollout.weight_sync)
+        created: list[Any] = []
+
+        def make(
+            actor_cls: type, name: str, *args: Any, groups: dict[str, int] | None = None, **options: Any
+        ) -> Any:
+            remote_cls = ray.remote(concurrency_groups=groups)(actor_cls) if groups else ray.remote(actor_cls)
+            handle = remote_cls.options(name=name, **common, **options).remote(*args)
+            created.append(handle)
+            return handle
+
+        try:
+            tq = make(classes.queue, QUEUE_ACTOR, config.model_dump(mode="json"))
+            model_path = str(config.model.path)
+            tool_env = config.rollout.tool_env.model_dump()
+            rollouts = [
+                make(
+                    classes.rollout,
+                    f"rollout-{i}",
+                    model_path,
+                    tq,
+                    config.run.seed + 1000 * i,
+                    config.rollout.num_threads,
+                    tool_env,
+                    max_concurrency=2,
+                )
+                for i in range(config.rollout.num_replicas)
+            ]
+            world = config.actor.num_ranks
+            address = f"127.0.0.1:{_free_port()}" if world > 1 else None
+            trainers = [
+                make(
+                    classes.trainer,
+                    f"trainer-{rank}",
+                    rank,
+                    world,
+                    model_path,
+                    config.actor.model_dump(),
+                    config.optimizer_horizon_steps,
+                    config.rollout.temperature,
+                    config.run.seed,
+                    tq,
+                    address,
+                    config.actor.kl_loss or config.algorithm.kl_in_reward,  # needs the reference model
+                    tool_env,  # the spare rescue engine meets the same tools
+                    groups={SYNC_GROUP: 1},
+                )
+                for rank in range(world)
+            ]
+            rewards = [
+                make(classes.reward, f"reward-{i}", model_path, tq) for i in range(config.reward.num_workers)
+            ]
+            pools = cls(run_id, tq, rollouts, trainers, rewards)
+            _wait([t.ping.remote() for t in trainers])
+            pools.open_weight_sync(config.rollout.weight_sync)
+        except BaseException:
+            for handle in created:
+                with contextlib.suppress(Exception):
+                    ray.kill(handle, no_restart=True)
+            raise
         return pools
 
     @classmethod
-    def lookup(cls, run_id: str, num_rollouts: int, num_trainers: int, num_rewards: int) -> WorkerPools:
+    def join(cls, run_id: str) -> tuple[WorkerPools, dict[str, Any]]:
+        """Rejoin a live run's actors by name from any process on its Ray cluster.
+
+        Returns the pools and the run's resolved config (as data). A process not yet
+        connected to Ray joins the cluster named by ``RAY_ADDRESS``; without it, or when the
+        run's actors are gone, ``RunGoneError`` says so.
+        """
         ns = run_namespace(run_id)
+        if not ray.is_initialized():
+            address = os.environ.get("RAY_ADDRESS")
+            if not address or address == "auto":
+                raise RunGoneError(
+                    f"run {run_id!r}: this process is not connected to the run's Ray cluster; "
+                    "set RAY_ADDRESS to its address (the run's ray.address) to rejoin it"
+                )
+            ensure_ray(address, None)
+        try:
+            tq = ray.get_actor(QUEUE_ACTOR, namespace=ns)
+            config = ray.get(tq.run_config.remote())
+            get = lambda name: ray.get_actor(name, namespace=ns)  # noqa: E731
+            pools = cls(
+                run_id,
+                tq,
+                [get(f"rollout-{i}") for i in range(config["rollout"]["num_replicas"])],
+                [get(f"trainer-{i}") for i in range(config["actor"]["num_ranks"])],
+                [get(f"reward-{i}") for i in range(config["reward"]["num_workers"])],
+            )
+        except (ValueError, ray.exceptions.RayActorError) as exc:
+            raise RunGoneError(
+                f"run {run_id!r}: its actors are gone from Ray namespace {ns!r} ({exc}); the run's "
+                "driver has exited or been killed, so this task cannot rejoin it"
+            ) from None
+        sync = config["rollout"]["weight_sync"]
+        pools.weight_sync_timeout = float(sync.get("timeout_seconds", 120.0))
+        pools.handover = bool(ray.get(tq.weight_sync_handover.remote()))
+        return pools, config
 
-        def get(name: str) -> Any:
-            return ray.get_actor(name, namespace=ns)
+    # -- rollout lifecycle -----------------------------------------------------------------
+    def _each_rollout(self, method: str, *args: Any) -> list[Any]:
+        return _wait([getattr(r, method).remote(*args) for r in self.rollouts])
 
-        return cls(
-            run_id,
-            get("transfer-queue"),
-            [get(f"rollout-{i}") for i in range(num_rollouts)],
-            [get(f"trainer-{i}") for i in range(num_trainers)],
-            [get(f"reward-{i}") for i in range(num_rewards)],
+    def sleep_rollouts(self) -> None:
+        """Free rollout memory for training (weights and KV cache leave the device)."""
+        self._each_rollout("sleep")
+
+    def wake_rollouts(self) -> None:
+        self._each_rollout("wake_up")
+
+    def pause_generation(self, missing_ok: bool = False) -> None:
+        """Abort in-flight requests (kept as partial rollouts) and hold background generation.
+
+        ``missing_ok``: a replica that has already died is not an error (teardown paths)."""
+        if not missing_ok:
+            self._each_rollout("pause_generation")
+            return
+        for replica in self.rollouts:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(replica.pause_generation.remote())
+
+    def resume_generation(self) -> None:
+        self._each_rollout("resume_generation")
+
+    def pop_generation_errors(self) -> list[str]:
+        """Errors raised in the replicas' background generation since the last call."""
+        return [e for replica_errors in self._each_rollout("pop_generation_errors") for e in replica_errors]
+
+    def rollout_versions(self) -> list[int]:
+        return [int(v) for v in self._each_rollout("version")]
+
+    def pop_rollout_activity(self) -> list[dict[str, float]]:
+        return list(self._each_rollout("pop_activity"))
+
+    # -- phases that run on the pools --------------------------------------------------------
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        return dict(ray.get(self.tq.get_batch.remote(batch_id)))
+
+    def score(self, partition: str, keys: list[str]) -> list[float]:
+        """Rewards of ``keys`` on the reward pool (written onto the records), in key order."""
+        shards = _split(keys, len(self.rewards))
+        parts = _wait([w.score.remote(partition, s) for w, s in zip(self.rewards, shards, strict=True) if s])
+        return [s for part in parts for s in part]
+
+    def balance(self, batch_id: str) -> dict[str, float]:
+        """Split the batch across DP ranks by tokens, in the queue actor."""
+        return dict(ray.get(self.tq.balance_batch.remote(batch_id, len(self.trainers))))
+
+    def compute_log_probs(self, batch_id: str, out_field: str, reference: bool) -> None:
+        shards = self.batch(batch_id)["shards"]
+        _wait(
+            [
+                rank.compute_log_probs.remote("train", shard, out_field, reference)
+                for rank, shard in zip(self.trainers, shards, strict=True)
+            ]
         )
 
-    # -- weight sync ---------------------------------------------------------------------
+    def copy_rollout_log_probs(self, batch_id: str) -> None:
+        """Bypass mode (R-7.1): pi_old := the rollout log-probs, copied inside the queue actor."""
+        ray.get(self.tq.copy_rollout_log_probs.remote(batch_id))
+
+    def compute_advantages(self, batch_id: str) -> dict[str, float]:
+        """Rollout correction, token rewards and advantages, computed inside the queue actor."""
+        return dict(ray.get(self.tq.compute_advantages.remote(batch_id)))
+
+    def update(self, batch_id: str, num_mini_batches: int) -> dict[str, float]:
+        """Actor update on every DP rank; metrics are the mean over ranks."""
+        shards = self.batch(batch_id)["shards"]
+        per_rank = _wait(
+            [
+                rank.update.remote("train", shard, num_mini_batches)
+                for rank, shard in zip(self.trainers, shards, strict=True)
+            ]
+        )
+        return _mean_over_ranks(per_rank)
+
+    def generate(self, partition: str, keys: list[str], n: int, params: dict[str, Any]) -> list[str]:
+        """Blocking generation of ``keys`` spread over the replicas; returns the trajectory keys."""
+        shards = _split(keys, len(self.rollouts))
+        parts = _wait(
+            [
+                r.generate_prompts.remote(partition, s, n, params)
+                for r, s in zip(self.rollouts, shards, strict=True)
+                if s
+            ]
+        )
+        return [k for part in parts for k in part]
+
+    def put_records(self, partition: str, records: dict[str, dict[str, Any]], tags: dict[str, Any]) -> None:
+        ray.get(self.tq.put.remote(partition, records, tags))
+
+    def delete_records(self, partition: str, keys: list[str]) -> None:
+        ray.get(self.tq.delete.remote(partition, keys))
+
+    # -- separate_async: pi_old and the spare engine ---------------------------------------
+    def snapshot_pi_old(self) -> None:
+        _wait([rank.snapshot_pi_old.remote() for rank in self.trainers])
+
+    def clear_pi_old(self) -> None:
+        _wait([rank.clear_pi_old.remote() for rank in self.trainers])
+
+    def rescue_generate(self, keys: list[str], n: int, params: dict[str, Any], version: int) -> None:
+        ray.get(self.trainers[0].rescue_generate.remote("train", keys, n, params, version))
+
+    # -- weight sync -------------------------------------------------------------------------
     def open_weight_sync(self, cfg: Any) -> None:
         cfg = cfg.model_copy(update={"num_receivers": len(self.rollouts)})
-        self.weight_sync_backend = build_weight_sync_backend(cfg)
+        backend = build_weight_sync_backend(cfg)
         self.weight_sync_timeout = cfg.timeout_seconds
-        descriptor = ray.get(self.trainers[0].open_sender.remote(self.weight_sync_backend))
-        ray.get([r.open_receiver.remote(self.weight_sync_backend, descriptor) for r in self.rollouts])
+        self.handover = bool(backend.handover)
+        descriptor = ray.get(self.trainers[0].open_sender.remote(backend))
+        _wait([r.open_receiver.remote(backend, descriptor) for r in self.rollouts])
+        ray.get(self.tq.set_weight_sync_handover.remote(self.handover))
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Push rank 0's weights to every rollout replica as ``version`` (R-8.5) and wait."""
-        return self.start_weight_sync(version)()
+        return self.start_weight_sync(version, overlap=False).wait()
 
-    def start_weight_sync(self, version: int) -> Callable[[], dict[str, float]]:
-        """Launch a push without waiting; call the returned function to wait for its metrics.
+    def start_weight_sync(self, version: int, overlap: bool = True) -> PendingPush:
+        """Launch a push without waiting.
 
-        Handover backends pass the sender's payload by object reference (never through
-        this process); streaming backends run both ends concurrently.
+        ``overlap``: the push runs beside the next step's work. Rank 0 first freezes a copy of
+        the weights in its main thread, in order with its other calls, so the updates queued
+        behind it cannot change what is sent; the transfer then runs in the actor's
+        weight-sync thread. Without overlap the live weights are sent in the main thread (no
+        copy). Handover backends pass the payload by object reference, never through here.
         """
-        payload_ref, metrics_ref = self.trainers[0].send_weights.options(num_returns=2).remote(version)
-        payload = payload_ref if self.weight_sync_backend.handover else None
+        rank0 = self.trainers[0]
+        if overlap:
+            rank0.freeze_weights.remote(version)
+            send = rank0.send_weights.options(num_returns=2, concurrency_group=SYNC_GROUP)
+        else:
+            send = rank0.send_weights.options(num_returns=2)
+        payload_ref, metrics_ref = send.remote(version, overlap)
+        payload = payload_ref if self.handover else None
         receive_refs = [
             r.receive_weights.remote(payload, version, self.weight_sync_timeout) for r in self.rollouts
         ]
+        return PendingPush(metrics_ref, receive_refs)
 
-        def wait() -> dict[str, float]:
-            metrics = dict(ray.get(metrics_ref))
-            for replica_metrics in ray.get(receive_refs):
-                for key, value in replica_metrics.items():
-                    metrics[key] = max(metrics.get(key, 0.0), value)
-            return metrics
-
-        return wait
-
+    # -- teardown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
+        """Close weight-sync endpoints (shared memory, sockets), then kill every actor.
+
+        Safe to call twice and on a half-dead run: each step is attempted."""
+        if self._closed:
+            return
+        self._closed = True
+        closing = [r.close_receiver.remote() for r in self.rollouts]
+        closing += [t.close_sender.remote() for t in self.trainers]
+        for ref in closing:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(ref, timeout=30)
         for actor in (*self.rollouts, *self.trainers, *self.rewards, self.tq):
-            ray.kill(actor, no_restart=True)
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+
+
+def _split(keys: list[str], parts: int) -> list[list[str]]:
+    return [keys[i::parts] for i in range(parts)]
+
+
+def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for metrics in per_rank for k in metrics}
+    return {
+        k: sum(m[k] for m in per_rank if k in m) / max(sum(k in m for m in per_rank), 1) for k in sorted(keys)
+    }

@@ -9,8 +9,8 @@ import ray
 import torch
 
 from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
+from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.rollout.tool_env import DelayedCalls, ToolEnvConfig
-from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
 from rl_train.engines.weight_sync.base import WeightReceiver
 from rl_train.engines.weight_sync.boundaries import run_receiver
 from rl_train.engines.workers.generation_loop import GenerationLoop
@@ -18,12 +18,19 @@ from rl_train.engines.workers.generation_loop import GenerationLoop
 
 class RolloutWorker:
     def __init__(
-        self, model_path: str, tq: Any, seed: int, num_threads: int, tool_env: dict[str, Any] | None = None
+        self,
+        model_path: str,
+        tq: Any,
+        seed: int,
+        num_threads: int,
+        tool_env: dict[str, Any] | None = None,
+        engine: str = "torch",
     ) -> None:
-        """``tool_env``: a ``rollout.tool_env`` dump; its tool call follows every train trajectory."""
+        """``tool_env``: a ``rollout.tool_env`` dump; its tool call follows every train trajectory.
+        ``engine``: the registered rollout engine (``rollout.engine``)."""
         torch.set_num_threads(num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
-        self.engine = TorchRolloutEngine(model_path, seed=seed)
+        self.engine = build_rollout_engine(engine, model_path, seed=seed)
         self.tokenizer = self.engine.tokenizer
         self.tq = tq
         self.receiver: WeightReceiver | None = None
@@ -161,8 +168,10 @@ class RolloutWorker:
     def resume_generation(self) -> None:
         self.loop.release()
 
-    def generation_errors(self) -> list[str]:
-        return [*self.loop.errors, *self.tool_calls.errors]
+    def pop_generation_errors(self) -> list[str]:
+        """Errors of background generation and tool calls since the last call (then forgotten:
+        the failed prompts are tagged ``failure`` and the replay buffer retries or refills them)."""
+        return [*self.loop.pop_errors(), *self.tool_calls.pop_errors()]
 
     def pop_activity(self) -> dict[str, float]:
         """Engine-busy seconds since the last call (the rest of the wall time rollout was idle),
@@ -185,6 +194,13 @@ class RolloutWorker:
 
     def open_receiver(self, backend: Any, descriptor: dict[str, Any]) -> None:
         self.receiver = backend.build_receiver(descriptor)
+
+    def close_receiver(self) -> None:
+        """Stop background work and release the receiver's shared memory and sockets (idempotent)."""
+        self.loop.hold()
+        receiver, self.receiver = self.receiver, None
+        if receiver is not None:
+            receiver.close()
 
     def receive_weights(self, payload: Any, version: int, timeout_seconds: float) -> dict[str, float]:
         """Quiesce background generation, load ``version``, resume: partials continue under it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import ray
@@ -11,13 +12,15 @@ import torch.distributed as dist
 
 from rl_train.algorithms.actor_loss import build_actor_loss_fn
 from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.registry import build_training_engine
 from rl_train.engines.training.snapshot import WeightSnapshots
-from rl_train.engines.training.torch_engine import TorchTrainingEngine
 from rl_train.engines.weight_sync.base import WeightSender
 from rl_train.engines.weight_sync.boundaries import run_sender
 from rl_train.storage.records import collate, scatter_response
 
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
+FREEZE_TIMEOUT_SECONDS = 600.0
+"""How long a push waits for its frozen copy (the main thread may be busy with an update)."""
 OPTIONAL_TOKEN_FIELDS = ["rollout_is_weights"]
 """Per-token fields the advantage phase writes only when configured (IS weights multiply the policy loss)."""
 
@@ -46,9 +49,11 @@ class TrainerWorker:
             dist.init_process_group(
                 "gloo", init_method=f"tcp://{dist_address}", rank=rank, world_size=world_size
             )
-        self.engine = TorchTrainingEngine(model_path, self.cfg, horizon_steps, temperature, seed)
+        self.engine = build_training_engine(
+            self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed
+        )
         self.reference = (
-            TorchTrainingEngine(model_path, self.cfg, horizon_steps, temperature, seed)
+            build_training_engine(self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed)
             if with_reference
             else None
         )
@@ -60,6 +65,8 @@ class TrainerWorker:
         self.pi_old = WeightSnapshots()
         self.spare: Any = None
         self.tool_env = tool_env
+        self._frozen: tuple[int, list[tuple[str, torch.Tensor]]] = (-1, [])
+        self._frozen_ready = threading.Condition()
 
     def _records(self, partition: str, keys: list[str], fields: list[str]) -> list[dict[str, Any]]:
         return ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS + fields)) if keys else []
@@ -114,9 +121,32 @@ class TrainerWorker:
         self.sender = backend.build_sender()
         return self.sender.descriptor()
 
-    def send_weights(self, version: int) -> tuple[Any, dict[str, float]]:
+    def freeze_weights(self, version: int) -> None:
+        """Copy the weights to send as ``version``, so the updates after this call cannot change them.
+
+        Runs in the main thread, in order with ``update``; ``send_weights(version, frozen=True)``,
+        in the weight-sync thread, waits for it and sends the copy while training goes on."""
+        frozen = [(name, tensor.detach().clone()) for name, tensor in self.engine.export_weights()]
+        with self._frozen_ready:
+            self._frozen = (version, frozen)
+            self._frozen_ready.notify_all()
+
+    def send_weights(self, version: int, frozen: bool = False) -> tuple[Any, dict[str, float]]:
+        """Export and transport the weights as ``version``: the live ones, or the frozen copy."""
         assert self.sender is not None, "open_sender() first"
-        return run_sender(self.sender, self.engine.export_weights, version)
+        if not frozen:
+            return run_sender(self.sender, self.engine.export_weights, version)
+        with self._frozen_ready:
+            if not self._frozen_ready.wait_for(lambda: self._frozen[0] == version, FREEZE_TIMEOUT_SECONDS):
+                raise TimeoutError(f"weights of version {version} were never frozen for sending")
+            tensors, self._frozen = self._frozen[1], (-1, [])
+        return run_sender(self.sender, lambda: iter(tensors), version)
+
+    def close_sender(self) -> None:
+        """Release the sender's shared memory, sockets and registrations (idempotent)."""
+        sender, self.sender = self.sender, None
+        if sender is not None:
+            sender.close()
 
     # -- separate_async: pi_old slot and the spare rollout engine ----------------------
     def snapshot_pi_old(self) -> None:

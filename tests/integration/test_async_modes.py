@@ -73,7 +73,7 @@ def test_partial_rollout_resumes_under_new_weights_with_two_versions(tiny_model_
             len(record["token_versions"]) == len(record["response_ids"]) == len(record["rollout_log_probs"])
         )
         assert record["stop_reason"] in ("eos", "length")
-    assert ray.get(worker.generation_errors.remote()) == []
+    assert ray.get(worker.pop_generation_errors.remote()) == []
     ray.kill(worker)
     ray.kill(tq)
 
@@ -115,7 +115,7 @@ def test_tool_calls_keep_a_group_running_until_its_slowest_call_returns(
     slowest = max(latency(f"p{i}/{j}") for i in (1, 2) for j in range(4))
     assert time.time() - started >= slowest
     assert [t["status"] for t in ray.get(tq.get_tags.remote("train", ["p1", "p2"]))] == ["finished"] * 2
-    assert ray.get(worker.generation_errors.remote()) == []
+    assert ray.get(worker.pop_generation_errors.remote()) == []
     ray.kill(worker)
     ray.kill(tq)
 
@@ -183,7 +183,7 @@ class _PausedPoolTrainer:
 
         class Paused(SeparateAsyncTrainer):
             def on_train_begin(self) -> None:
-                self.rollout_call("pause_generation")
+                self.pools.pause_generation()
                 super().on_train_begin()
 
         return Paused(config)

@@ -1,4 +1,4 @@
-"""The advantage phase's pure part (tasks/correction.py) on hand-made TransferQueue records."""
+"""The advantage phase's pure part (rl_train/algorithms/advantage_phase.py) on hand-made TransferQueue records."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from rl_train.algorithms.config import AlgorithmConfig
 from rl_train.algorithms.rollout_correction import MissingRolloutLogProbsError
-from rl_train.tasks.correction import AdvantagePhase, bypass_old_log_probs
+from rl_train.algorithms.advantage_phase import AdvantagePhase, bypass_old_log_probs
 
 LN = math.log
 

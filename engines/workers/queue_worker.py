@@ -1,0 +1,66 @@
+"""The run's TransferQueue actor, and the phases that run where the records live.
+
+The advantage phase (rollout correction, token rewards, advantages), bypass mode's copy of
+the rollout log-probs and the DP balance only read and write records; running them here
+means only batch ids cross the driver. The actor also keeps the run's resolved config, so a
+fresh process can rejoin every pool from the run id (``WorkerPools.join``), and the
+advantage phase's state across steps (the adaptive KL coefficient, the runbook trends).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rl_train.algorithms.advantage_phase import AdvantagePhase, bypass_old_log_probs
+from rl_train.algorithms.balance import partition_by_tokens
+from rl_train.algorithms.config import AlgorithmConfig
+from rl_train.storage.transfer_queue import TransferQueue
+
+
+class QueueWorker(TransferQueue):
+    def __init__(self, run_config: dict[str, Any]) -> None:
+        super().__init__()
+        self._run_config = run_config
+        self._advantage = AdvantagePhase.from_config(AlgorithmConfig.model_validate(run_config["algorithm"]))
+        self._handover = False
+
+    def run_config(self) -> dict[str, Any]:
+        """The run's resolved config, as data (what a rejoining process rebuilds its view from)."""
+        return self._run_config
+
+    def set_weight_sync_handover(self, handover: bool) -> None:
+        self._handover = handover
+
+    def weight_sync_handover(self) -> bool:
+        return self._handover
+
+    # -- phases ------------------------------------------------------------------------------
+    def balance_batch(self, batch_id: str, num_ranks: int) -> dict[str, float]:
+        """(3) Split the batch across DP ranks with even token counts; stores the shards."""
+        batch = self.get_batch(batch_id)
+        keys = batch["keys"]
+        tags = self.get_tags(batch["partition"], keys)
+        lengths = [t["prompt_len"] + t["response_len"] for t in tags]
+        shards = partition_by_tokens(keys, lengths, num_ranks)
+        self.update_batch(batch_id, shards=shards)
+        length_of = dict(zip(keys, lengths, strict=True))
+        response_lengths = [t["response_len"] for t in tags]
+        return {
+            "response_length/mean": sum(response_lengths) / max(len(response_lengths), 1),
+            "balance/max_rank_tokens": float(max((sum(length_of[k] for k in s) for s in shards), default=0)),
+        }
+
+    def copy_rollout_log_probs(self, batch_id: str) -> None:
+        """(4, bypass_mode, R-7.1) old_log_probs := the rollout engine's log-probs."""
+        batch = self.get_batch(batch_id)
+        keys, partition = batch["keys"], batch["partition"]
+        values = bypass_old_log_probs(self.get(partition, keys))
+        self.put(partition, {k: {"old_log_probs": v} for k, v in zip(keys, values, strict=True)})
+
+    def compute_advantages(self, batch_id: str) -> dict[str, float]:
+        """(6-7) Rollout correction, token rewards (+ in-reward KL) and advantages; returns metrics."""
+        batch = self.get_batch(batch_id)
+        keys, partition = batch["keys"], batch["partition"]
+        updates, metrics = self._advantage.compute(self.get(partition, keys))
+        self.put(partition, dict(zip(keys, updates, strict=True)))
+        return metrics
