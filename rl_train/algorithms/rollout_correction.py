@@ -5,12 +5,16 @@ log_ratio = old_log_prob - rollout_log_prob (training engine's pi_old over the r
 engine's pi_rollout). Sums and means use it raw; it is bounded only right before exp
 (``log_ratio.bounded_exp``), so the sequence IS weight is exp(clamp(sum_t log_ratio)).
 
-- RS (``rollout_rs``) removes tokens (token_*) or whole sequences (seq_*) from the response
-  mask; several options are ANDed. The returned mask then drives advantage, loss and metrics.
+- RS (``rollout_rs``, ``rejection``) removes tokens (token_*) or whole sequences (seq_*) from the
+  response mask; several options are ANDed. The returned mask then drives advantage, loss and
+  metrics.
 - IS (``rollout_is``) returns detached weights that multiply the policy loss only: per token
-  exp(log_ratio), or per sequence exp(sum_t log_ratio) over the tokens RS kept, broadcast to them. A single threshold
-  u truncates above u (TIS); "lo_hi" zeroes weights outside [lo, hi] (IcePop). Optional batch
-  normalisation rescales the kept weights to mean 1 (over tokens, or over sequences).
+  exp(log_ratio), or per sequence exp(sum_t log_ratio) broadcast to the sequence. A single
+  threshold u truncates above u (TIS); "lo_hi" zeroes weights outside [lo, hi] (IcePop). Optional
+  batch normalisation rescales the kept weights to mean 1 (over tokens, or over sequences).
+  IS runs after RS, over the mask RS kept (the reference framework uses the input mask): R-7.5
+  makes the RS mask the response mask of everything downstream, so a rejected token must not
+  enter a sequence's IS weight (or the batch normalisation) any more than its loss.
 - bypass_mode uses the rollout log-probs as old_log_prob (see ``bypass_old_log_prob``); IS and RS
   then become identities and the metrics trivial.
 """
@@ -24,6 +28,7 @@ import torch
 from rl_train.algorithms.config import RolloutCorrectionConfig
 from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.algorithms.masked import masked_mean, masked_sum
+from rl_train.algorithms.rejection import inside_bounds, rejection_mask
 from rl_train.algorithms.rollout_metrics import off_policy_metrics, weight_statistics
 from rl_train.algorithms.thresholds import Bounds, RejectionRule, parse_is_threshold, parse_rs_rules
 
@@ -43,51 +48,6 @@ def bypass_old_log_prob(rollout_log_prob: torch.Tensor | None) -> torch.Tensor:
     return rollout_log_prob.detach().clone()
 
 
-def per_token_divergence(log_ratio: torch.Tensor, estimator: str) -> torch.Tensor:
-    """[B, T] per-token divergence of the rollout from the training engine.
-
-    k1 = -log_ratio = log(pi_rollout / pi_old); k2 = 0.5 * log_ratio^2; k3 = exp(log_ratio) - 1 - log_ratio.
-    """
-    return _DIVERGENCES[estimator](log_ratio)
-
-
-_DIVERGENCES = {
-    "k1": lambda lr: -lr,
-    "k2": lambda lr: 0.5 * lr.square(),
-    "k3": lambda lr: bounded_exp(lr) - 1 - lr,
-}
-
-
-def _seq_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return values.masked_fill(~mask, float("-inf")).amax(dim=-1, keepdim=True)
-
-
-_LEVEL_STATISTICS = {
-    "token": lambda v, m: v,
-    "seq_sum": lambda v, m: masked_sum(v, m, dim=-1).unsqueeze(-1),
-    "seq_mean": lambda v, m: masked_mean(v, m, dim=-1).unsqueeze(-1),
-    "seq_max": _seq_max,
-}
-
-
-def _inside(values: torch.Tensor, bounds: Bounds) -> torch.Tensor:
-    above = values >= bounds.lower if bounds.lower is not None else torch.ones_like(values, dtype=torch.bool)
-    return above & (values <= bounds.upper)
-
-
-def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rules: list[RejectionRule]) -> torch.Tensor:
-    """[B, T] bool: ``mask`` with the tokens / sequences that fail any rule removed.
-
-    Every statistic is compared as it is: k1 ones (log pi_rollout / pi_old, summed or averaged)
-    against the log-space bounds the parser made for them, k2 / k3 ones against theirs.
-    """
-    keep = mask.clone()
-    for rule in rules:
-        stat = _LEVEL_STATISTICS[rule.level](per_token_divergence(log_ratio, rule.estimator), mask)
-        keep &= _inside(stat, rule.bounds).expand_as(mask)
-    return keep
-
-
 def importance_weights(
     log_ratio: torch.Tensor, mask: torch.Tensor, level: str, bounds: Bounds, batch_normalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +61,7 @@ def importance_weights(
     if bounds.lower is None:
         unit_weights = unit_weights.clamp(max=bounds.upper)
     else:
-        unit_weights = unit_weights * _inside(unit_weights, bounds).to(unit_weights.dtype)
+        unit_weights = unit_weights * inside_bounds(unit_weights, bounds).to(unit_weights.dtype)
     if batch_normalize:
         unit_weights = unit_weights / masked_mean(unit_weights, unit_mask).clamp(min=1e-8)
     weights = unit_weights.expand_as(log_ratio) * mask.to(log_ratio.dtype)

@@ -113,6 +113,16 @@ def test_rejection_sampling(rs: str, threshold: str, expected_mask: list[list[fl
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(removed)
 
 
+def test_sequence_is_runs_over_the_tokens_rs_kept() -> None:
+    # token_k1 at 2 rejects row 0's ratio-4 token (pi_rollout / pi_old = 1/4). Row 0's sequence
+    # weight is then 0.5 * 1 = 0.5 over the kept tokens (over the input mask it would be 2.0);
+    # row 1 keeps both tokens: 2 * 1.5 = 3, truncated to 2.
+    weights, new_mask, _ = correct(rollout_is="sequence", rollout_rs="token_k1", rollout_rs_threshold="2.0")
+    assert weights is not None
+    assert new_mask.tolist() == [[0, 1, 1, 0], [0, 1, 1, 0]]
+    assert weights.tolist() == pytest.approx([[0, 0.5, 0.5, 0], [0, 2, 2, 0]])
+
+
 @pytest.mark.parametrize(
     ("rs", "expected_mask"),
     [
