@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rl_train.config import Config, ConfigError, describe_fields, load_config
-from rl_train.flows.registry import TRAINERS, register_trainer
+from rl_train.flows.registry import TRAINERS, load_builtin_trainers, register_trainer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,6 +81,7 @@ def test_lr_horizon_counts_local_updates() -> None:
 
 
 def test_trainer_registry_rejects_a_second_class_under_one_name() -> None:
+    load_builtin_trainers()
     assert "sync" in TRAINERS
 
     with pytest.raises(ValueError, match="already registered"):
@@ -94,3 +95,16 @@ def test_readme_config_reference_lists_every_field() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     missing = [path for path, _, _ in describe_fields() if f"`{path}`" not in readme]
     assert not missing, f"README config reference lacks: {missing}"
+
+
+def test_a_trainer_class_needs_a_mode_spec_and_every_spec_has_a_class() -> None:
+    """The config-side table (rl_train.modes) and the trainer classes name the same modes."""
+    from rl_train.modes import MODES
+
+    load_builtin_trainers()
+    assert TRAINERS.names() == sorted(MODES)
+    with pytest.raises(ValueError, match="no spec in rl_train.modes"):
+
+        @register_trainer("turbo_async")
+        class Unspecified:  # noqa: F841
+            pass
