@@ -4,7 +4,9 @@ Builds one run (model, Ray pools, data) and runs global steps alternately throug
 (a sub-flow whose phases are task runs) and with the same phase functions called directly,
 in the same process on the same pools, then prints the mean time of each phase and the ratio
 Prefect / direct. Alternating (P, D, P, D, ...) keeps drift on a noisy machine from favouring
-either side.
+either side. It also counts, per phase, the bytes that Ray hands back to this process (the
+driver): a phase that moves records through the driver shows them there; one that passes
+only batch ids shows a few hundred bytes.
 
     python -m rl_train.bench.step_breakdown                      # the demo config
     python -m rl_train.bench.step_breakdown --preset heavy       # a step of 5 s or more
@@ -14,16 +16,50 @@ either side.
 from __future__ import annotations
 
 import argparse
+import contextvars
+import pickle
 import statistics
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rl_train.runtime import apply_local_defaults
 
 apply_local_defaults()
 
 from rl_train.config import load_config  # noqa: E402
+from rl_train.flows.step import PhaseRunner  # noqa: E402
 from rl_train.flows.train import build_trainer  # noqa: E402
+
+_PHASE: contextvars.ContextVar[str] = contextvars.ContextVar("phase", default="(between phases)")
+
+
+def count_driver_bytes() -> Counter[str]:
+    """Patch ``ray.get`` and ``PhaseRunner`` in this process so that the pickled size of every
+    result Ray returns to the driver is added to the phase that asked for it."""
+    import ray
+
+    counts: Counter[str] = Counter()
+    real_get: Callable[..., Any] = ray.get
+    real_call = PhaseRunner.__call__
+
+    def get(refs: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real_get(refs, *args, **kwargs)
+        counts[_PHASE.get()] += len(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+        return result
+
+    def call(self: PhaseRunner, phase: Any, *args: Any) -> Any:
+        token = _PHASE.set(phase.name)
+        try:
+            return real_call(self, phase, *args)
+        finally:
+            _PHASE.reset(token)
+
+    ray.get = get
+    PhaseRunner.__call__ = call  # type: ignore[method-assign]
+    return counts
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = {
@@ -60,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer = build_trainer(config)
     trainer.init()
     timings: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    driver_bytes = count_driver_bytes()
     try:
         step = 0
         for round_no in range(args.steps + 1):
@@ -71,9 +108,18 @@ def main(argv: list[str] | None = None) -> None:
                 metrics["timing/step"] = time.perf_counter() - started
                 if round_no > 0:  # the first round warms both paths up
                     timings[use_prefect].append(metrics)
+                else:
+                    driver_bytes.clear()
     finally:
         trainer.teardown()
     _report(timings, args.preset)
+    _report_bytes(driver_bytes, 2 * args.steps)
+
+
+def _report_bytes(counts: Counter[str], steps: int) -> None:
+    print(f"\nbytes returned to the driver per global step, by phase (mean of {steps} steps)")
+    for phase, total in sorted(counts.items(), key=lambda item: -item[1]):
+        print(f"{phase:<24}{total / max(steps, 1):>14,.0f}")
 
 
 def _report(timings: dict[bool, list[dict[str, float]]], preset: str) -> None:
