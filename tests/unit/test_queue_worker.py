@@ -1,0 +1,74 @@
+"""The phases that run inside the queue actor, driven as a plain object (no Ray)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from rl_train.config import Config
+from rl_train.engines.workers.pools import _mean_over_ranks
+from rl_train.engines.workers.queue_worker import QueueWorker
+
+
+def _queue(**algorithm: Any) -> QueueWorker:
+    return QueueWorker(Config.model_validate({"algorithm": algorithm}).model_dump(mode="json"))
+
+
+def _put_group(q: QueueWorker, group: str, rewards: list[float], lengths: list[int]) -> list[str]:
+    keys = [f"{group}/{j}" for j in range(len(rewards))]
+    records = {
+        k: {
+            "group_id": group,
+            "reward": r,
+            "prompt_ids": [1, 2],
+            "response_ids": list(range(n)),
+            "old_log_probs": [-1.0] * n,
+            "rollout_log_probs": [-0.5] * n,
+        }
+        for k, r, n in zip(keys, rewards, lengths, strict=True)
+    }
+    tags = {k: {"kind": "trajectory", "prompt_len": 2, "response_len": n} for k, n in zip(keys, lengths, strict=True)}
+    q.put("train", records, tags)
+    return keys
+
+
+def test_advantages_are_computed_and_written_where_the_records_are() -> None:
+    q = _queue()
+    keys = _put_group(q, "g", [1.0, 0.0], [3, 1])
+    q.put_batch("b", "train", keys, groups=["g"])
+    metrics = q.compute_advantages("b")
+    # Group g: rewards 1, 0 -> mean 0.5, unbiased std sqrt(0.5) -> A = +-0.5 / sqrt(0.5).
+    a = 0.5 / math.sqrt(0.5)
+    stored = q.get("train", keys, ["advantages"])
+    assert stored[0]["advantages"] == pytest.approx([a] * 3, rel=1e-5)
+    assert stored[1]["advantages"] == pytest.approx([-a], rel=1e-5)
+    assert metrics["advantage/mean"] == pytest.approx((3 * a - a) / 4, rel=1e-5)
+    assert q.run_config()["algorithm"]["adv_estimator"] == "grpo"
+
+
+def test_bypass_copies_the_rollout_log_probs_as_pi_old() -> None:
+    q = _queue()
+    keys = _put_group(q, "g", [1.0, 0.0], [2, 1])
+    q.put_batch("b", "train", keys, groups=["g"])
+    q.copy_rollout_log_probs("b")
+    assert [r["old_log_probs"] for r in q.get("train", keys)] == [[-0.5, -0.5], [-0.5]]
+
+
+def test_balance_spreads_tokens_and_reports_the_heaviest_rank() -> None:
+    q = _queue()
+    # Lengths (prompt 2 + response): 12, 7, 6, 5 -> longest first: 12 -> r0, 7 -> r1, 6 -> r1 (13),
+    # 5 -> r0 (17). Heaviest rank: 17 tokens.
+    keys = _put_group(q, "g", [0.0] * 4, [10, 5, 4, 3])
+    q.put_batch("b", "train", keys, groups=["g"])
+    metrics = q.balance_batch("b", 2)
+    assert q.get_batch("b")["shards"] == [["g/0", "g/3"], ["g/1", "g/2"]]
+    assert metrics["balance/max_rank_tokens"] == 17.0
+    assert metrics["response_length/mean"] == pytest.approx(22 / 4)
+
+
+def test_update_metrics_are_the_mean_over_ranks_not_rank_zeros() -> None:
+    per_rank = [{"actor/loss": 1.0, "actor/grad_norm": 2.0}, {"actor/loss": 3.0, "actor/grad_norm": 2.0}]
+    assert _mean_over_ranks(per_rank) == {"actor/grad_norm": 2.0, "actor/loss": 2.0}
+    assert _mean_over_ranks([{"a": 1.0}, {}]) == {"a": 1.0}  # a rank without the key does not dilute it
