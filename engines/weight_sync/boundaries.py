@@ -2,83 +2,54 @@
 
 0 quiesce (abort in-flight requests, release KV, keep weights), 1 export (training side:
 gather, rename, cast), 2 transport, 3 receive into the engine, 4 recover (reset prefix
-cache, resume KV, serve the new version). Each boundary raises its own error type, so a
-failure names where it happened.
+cache, resume KV, serve the new version). Each boundary raises its own error type
+(``errors.py``), so a failure names where it happened.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from rl_train.engines.weight_sync.base import NamedTensors, WeightReceiver, WeightSender
+from rl_train.engines.weight_sync.base import (
+    AbortableTensors,
+    LoadsIntoEngine,
+    NamedTensors,
+    ReportsSyncMetrics,
+    SparseUpdates,
+    SyncableRolloutEngine,
+    WeightReceiver,
+    WeightSender,
+    accepts_sparse_updates,
+)
+from rl_train.engines.weight_sync.delta_codec import write_entries
+from rl_train.engines.weight_sync.errors import (
+    ExportError,
+    QuiesceError,
+    ReceiveError,
+    RecoverError,
+    TransportError,
+    WeightSyncError,
+)
 
-
-class WeightSyncError(RuntimeError):
-    """Base of the boundary errors; ``boundary`` names where the sync failed."""
-
-    boundary = "unknown"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"weight sync failed at boundary '{self.boundary}': {message}")
-
-
-class QuiesceError(WeightSyncError):
-    boundary = "quiesce"
-
-
-class ExportError(WeightSyncError):
-    boundary = "export"
-
-
-class TransportError(WeightSyncError):
-    boundary = "transport"
-
-
-class ReceiveError(WeightSyncError):
-    boundary = "receive"
-
-
-class RecoverError(WeightSyncError):
-    boundary = "recover"
-
-
-class SyncableRolloutEngine(Protocol):
-    """The part of a rollout engine a weight sync touches."""
-
-    def abort(self) -> int: ...
-
-    def release_kv_cache(self) -> None: ...
-
-    def update_weights(self, named_tensors: NamedTensors, version: int) -> None: ...
-
-    def reset_prefix_cache(self) -> None: ...
-
-    def resume_kv_cache(self) -> None: ...
-
-
-SparseUpdates = Iterable[tuple[str, torch.Tensor, torch.Tensor]]
-"""(tensor name, flat int positions, new values) of entries to overwrite in place."""
-
-
-def write_entries(dest: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
-    """Overwrite the flat positions ``index`` of ``dest`` with ``values``, in place, on ``dest``'s device."""
-    dest.view(-1).index_copy_(0, index.to(dest.device, torch.long), values.to(dest.device, dest.dtype))
-
-
-def accepts_sparse_updates(engine: object) -> bool:
-    """Whether ``engine`` offers ``update_weights_sparse(updates: SparseUpdates, version)``.
-
-    Optional: ``delta`` then writes only the changed entries into the engine's own weights,
-    and its receiver keeps no mirror of the model; without it, ``delta`` keeps a mirror and
-    hands the engine every changed tensor whole through ``update_weights``.
-    """
-    return callable(getattr(engine, "update_weights_sparse", None))
-
+__all__ = [  # the errors and engine hooks were defined here first; importers may still find them here
+    "ExportError",
+    "QuiesceError",
+    "ReceiveError",
+    "RecoverError",
+    "SparseUpdates",
+    "SyncableRolloutEngine",
+    "TransportError",
+    "WeightSyncError",
+    "accepts_sparse_updates",
+    "run_receiver",
+    "run_sender",
+    "write_entries",
+]
 
 PREFIX = "timing/weight_sync/"
 
@@ -146,9 +117,8 @@ def run_sender(
     metrics[PREFIX + "transport"] = max(total - metrics[PREFIX + "export"], 0.0)
     metrics["weight_sync/bytes"] = float(timed.num_bytes)
     metrics["weight_sync/export_bytes"] = float(timed.num_bytes)
-    sync_metrics = getattr(sender, "sync_metrics", None)
-    if callable(sync_metrics):  # streaming senders report what actually went over the wire
-        metrics.update(sync_metrics())
+    if isinstance(sender, ReportsSyncMetrics):  # streaming senders report what went over the wire
+        metrics.update(sender.sync_metrics())
     return payload, metrics
 
 
@@ -169,15 +139,13 @@ def run_receiver(
         try:
             if received_version != version:
                 raise ReceiveError(f"expected version {version}, the sender sent {received_version}")
-            load_into = getattr(named_tensors, "load_into", None)
-            if callable(load_into):  # a receiver that knows a better way to load (sparse deltas)
-                load_into(engine, version)
+            if isinstance(named_tensors, LoadsIntoEngine):  # it knows a better way (sparse deltas)
+                named_tensors.load_into(engine, version)
             else:
                 engine.update_weights(named_tensors, version)
         except BaseException:
-            close = getattr(named_tensors, "close", None)
-            if callable(close):  # a streaming receiver skips the rest and tells the sender why
-                close()
+            if isinstance(named_tensors, AbortableTensors):  # a stream skips the rest, tells the sender
+                named_tensors.close()
             raise
     with _boundary(metrics, "recover", RecoverError):
         engine.reset_prefix_cache()

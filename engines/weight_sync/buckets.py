@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_train.engines.weight_sync.boundaries import TransportError
+from rl_train.engines.weight_sync.errors import TransportError
 
 
 @dataclass(frozen=True)

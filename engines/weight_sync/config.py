@@ -44,7 +44,7 @@ class WeightSyncConfig(StrictModel):
                 f"rollout.weight_sync.backend: unknown backend {self.backend!r}; "
                 f"available: {', '.join(WEIGHT_SYNC_BACKENDS.names())}"
             )
-        if getattr(WEIGHT_SYNC_BACKENDS.get(self.backend), "uses_transport", False):
+        if WEIGHT_SYNC_BACKENDS.get(self.backend).uses_transport:
             try:
                 check_transport_available(self.transport)
             except ValueError as exc:

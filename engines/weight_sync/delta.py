@@ -19,12 +19,11 @@ from typing import Any
 
 import torch
 
-from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, NamedTensors
-from rl_train.engines.weight_sync.boundaries import (
-    ExportError,
-    ReceiveError,
-    TransportError,
-    accepts_sparse_updates,
+from rl_train.engines.weight_sync.base import (
+    WEIGHT_SYNC_BACKENDS,
+    AcceptsSparseUpdates,
+    NamedTensors,
+    SyncableRolloutEngine,
 )
 from rl_train.engines.weight_sync.bucketed import build_stream_sender
 from rl_train.engines.weight_sync.config import WeightSyncConfig
@@ -38,6 +37,7 @@ from rl_train.engines.weight_sync.delta_codec import (
     verify_flushes,
 )
 from rl_train.engines.weight_sync.delta_diff import SnapshotDiffer
+from rl_train.engines.weight_sync.errors import ExportError, ReceiveError, TransportError
 from rl_train.engines.weight_sync.stream_receiver import StreamedTensors, StreamReceiver
 from rl_train.engines.weight_sync.wire import Deadline
 
@@ -171,8 +171,8 @@ class _FullSync(StreamedTensors):
         receiver.layout, receiver.mirror = {}, None
         super().__init__(receiver.stream, self._record(receiver.stream.tensors(deadline)), version, deadline)
 
-    def load_into(self, engine: Any, version: int) -> None:
-        self._keep_mirror = not accepts_sparse_updates(engine)
+    def load_into(self, engine: SyncableRolloutEngine, version: int) -> None:
+        self._keep_mirror = not isinstance(engine, AcceptsSparseUpdates)
         engine.update_weights(self, version)
 
     def _record(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -194,8 +194,8 @@ class _DeltaSync(StreamedTensors):
         self._receiver, self._flushes = receiver, flushes
         super().__init__(receiver.stream, self._changed_tensors(), version, deadline)
 
-    def load_into(self, engine: Any, version: int) -> None:
-        if accepts_sparse_updates(engine):
+    def load_into(self, engine: SyncableRolloutEngine, version: int) -> None:
+        if isinstance(engine, AcceptsSparseUpdates):
             engine.update_weights_sparse(segments(self._flushes), version)
             self.finish()
             return

@@ -18,9 +18,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rl_train.engines.weight_sync.boundaries import write_entries
-
 CHECKSUM = "#checksum"
+
+
+def write_entries(dest: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
+    """Overwrite the flat positions ``index`` of ``dest`` with ``values``, in place, on ``dest``'s device."""
+    dest.view(-1).index_copy_(0, index.to(dest.device, torch.long), values.to(dest.device, dest.dtype))
 
 
 @dataclass

@@ -41,6 +41,7 @@ class NaiveReceiver:
 @WEIGHT_SYNC_BACKENDS.register("naive")
 class NaiveBackend:
     handover = True
+    uses_transport = False
 
     def __init__(self, cfg: Any = None) -> None:
         self.cfg = cfg

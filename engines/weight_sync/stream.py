@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from rl_train.engines.weight_sync import wire
-from rl_train.engines.weight_sync.boundaries import TransportError
 from rl_train.engines.weight_sync.buckets import ChunkMeta, pack_buckets
-from rl_train.engines.weight_sync.transports import get_transport
+from rl_train.engines.weight_sync.errors import TransportError
+from rl_train.engines.weight_sync.transports import PlacesDirect, get_transport
 from rl_train.engines.weight_sync.wire import Deadline
 
 
@@ -84,8 +84,8 @@ class StreamSender:
         self.broadcast(("begin", header), deadline, "announcing a sync")
         in_flight: dict[int, Future[None]] = {}
         counter = {"bucket": 0, "bytes": 0}
-        direct = getattr(self._transport, "place_direct", None)
-        release = getattr(self._transport, "release", None)
+        places_direct = isinstance(self._transport, PlacesDirect)
+        direct = self._transport.place_direct if places_direct else None
 
         def acquire(index: int) -> None:
             future = in_flight.pop(index, None)
@@ -94,8 +94,8 @@ class StreamSender:
                 self.gather(
                     "ack", deadline, f"to release bucket buffer {index} (version {header.get('version')})"
                 )
-            if release is not None:  # what a bucket that was never pushed left behind goes too
-                release(index)
+            if places_direct:  # what a bucket that was never pushed left behind goes too
+                self._transport.release(index)
 
         def emit(index: int, nbytes: int, chunks: list[ChunkMeta]) -> None:
             in_flight[index] = self._pusher.submit(

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from rl_train.engines.weight_sync import wire
-from rl_train.engines.weight_sync.boundaries import TransportError
 from rl_train.engines.weight_sync.buckets import TensorAssembler
+from rl_train.engines.weight_sync.errors import TransportError
 from rl_train.engines.weight_sync.transports import get_transport
 from rl_train.engines.weight_sync.wire import Deadline
 

@@ -14,7 +14,7 @@ import struct
 import time
 from typing import Any
 
-from rl_train.engines.weight_sync.boundaries import TransportError
+from rl_train.engines.weight_sync.errors import TransportError
 
 _LENGTH = struct.Struct("!Q")
 

@@ -2,6 +2,7 @@
 
 from rl_train.engines.weight_sync.transports.base import (
     TRANSPORTS,
+    PlacesDirect,
     ReceiverTransport,
     SenderTransport,
     check_transport_available,
@@ -10,6 +11,7 @@ from rl_train.engines.weight_sync.transports.base import (
 
 __all__ = [
     "TRANSPORTS",
+    "PlacesDirect",
     "ReceiverTransport",
     "SenderTransport",
     "check_transport_available",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import socket
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -39,6 +39,20 @@ class SenderTransport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PlacesDirect(Protocol):
+    """Optional on a sender transport: send big chunks from the exported tensors' own memory.
+
+    The packer offers each chunk to ``place_direct`` (the ``Direct`` hook of ``pack_buckets``)
+    instead of copying it into the bucket; ``release`` forgets what buffer ``index`` took
+    once that bucket was written or abandoned.
+    """
+
+    def place_direct(self, index: int, offset: int, data: torch.Tensor) -> bool: ...
+
+    def release(self, index: int) -> None: ...
 
 
 class ReceiverTransport(Protocol):

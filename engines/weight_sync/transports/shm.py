@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rl_train.engines.weight_sync.boundaries import TransportError
+from rl_train.engines.weight_sync.errors import TransportError
 from rl_train.engines.weight_sync.wire import Deadline
 
 

@@ -1,0 +1,38 @@
+"""The errors of a weight sync, one type per boundary (R-8.4).
+
+They sit in a module of their own, with no imports, so that the low-level pieces (the wire
+format, the bucket packer, the transports) can raise them without importing the
+orchestration in ``boundaries.py`` that sits above them.
+"""
+
+from __future__ import annotations
+
+
+class WeightSyncError(RuntimeError):
+    """Base of the boundary errors; ``boundary`` names where the sync failed."""
+
+    boundary = "unknown"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"weight sync failed at boundary '{self.boundary}': {message}")
+
+
+class QuiesceError(WeightSyncError):
+    boundary = "quiesce"
+
+
+class ExportError(WeightSyncError):
+    boundary = "export"
+
+
+class TransportError(WeightSyncError):
+    boundary = "transport"
+
+
+class ReceiveError(WeightSyncError):
+    boundary = "receive"
+
+
+class RecoverError(WeightSyncError):
+    boundary = "recover"
+
