@@ -77,7 +77,7 @@ class DeltaSender:
     def _delta(self, named_tensors: NamedTensors, version: int, deadline: Deadline) -> int:
         header = {"version": version, "kind": "delta"}
         items = encode_flushes(self._diff(named_tensors), self._entries_per_flush)
-        num_bytes = self._stream.send_stream(header, self.corrupt(items), deadline)
+        num_bytes = self._stream.send_stream(header, items, deadline)
         verdicts = self._stream.gather("verdict", deadline, f"to verify delta version {version}")
         rejected = [(rank, reason) for rank, (ok, reason) in enumerate(verdicts) if not ok]
         self._metrics = {"weight_sync/delta_bytes": float(num_bytes), "weight_sync/full_resync": 0.0}
@@ -117,10 +117,6 @@ class DeltaSender:
     def _snapshot_items(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, (shape, flat) in self._snapshot.items():
             yield name, flat.view(shape)
-
-    def corrupt(self, items: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        """Identity; the hook where fault-injection tests damage bytes after checksumming."""
-        return items
 
     def sync_metrics(self) -> dict[str, float]:
         return dict(self._metrics)

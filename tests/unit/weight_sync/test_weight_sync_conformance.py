@@ -6,10 +6,9 @@ import logging
 
 import pytest
 import torch
+from weight_sync_faults import CorruptingDeltaSender
 from weight_sync_helpers import assert_same_weights, make_weights, runnable_pairs
 from weight_sync_pair import SyncPair
-
-from rl_train.engines.weight_sync.delta import DeltaSender
 
 TIMING = [f"timing/weight_sync/{name}" for name in ("quiesce", "receive", "recover")]
 
@@ -92,19 +91,6 @@ def test_delta_writes_only_the_changed_entries_into_a_sparse_engine(
             assert metrics["weight_sync/full_resync"] == 0.0
     finally:
         pair.close()
-
-
-class CorruptingDeltaSender(DeltaSender):
-    """Flips one value after it was checksummed, as a bad link or a bad copy would."""
-
-    def corrupt(self, items):
-        corrupted = False
-        for name, tensor in items:
-            if not corrupted and name.endswith("/values") and tensor.numel():
-                tensor = tensor.clone()
-                tensor.view(-1).view(torch.uint8)[0] ^= 0x10
-                corrupted = True
-            yield name, tensor
 
 
 CORRUPTION_CASES = [

@@ -169,3 +169,10 @@ def test_run_receiver_lets_declared_tensors_load_themselves_and_aborts_them_on_f
     with pytest.raises(ReceiveError, match="out of memory"):
         run_receiver(engine, _Handing(failing), None, 3, 1.0)
     assert failing.closed
+
+
+def test_fault_injection_lives_in_the_tests() -> None:
+    from weight_sync_faults import CorruptingDeltaSender
+
+    assert issubclass(CorruptingDeltaSender, DeltaSender)
+    assert not hasattr(DeltaSender, "corrupt")  # production senders carry no test hook
