@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rl_train.algorithms.config import AlgorithmConfig, StrictModel
 from rl_train.engines.rollout.registry import RolloutEngineName
@@ -79,8 +79,8 @@ class RolloutConfig(StrictModel):
     """Registered rollout engine (rl_train.engines.rollout.registry.ROLLOUT_ENGINES)."""
     n: int = Field(8, ge=1)
     """Samples per prompt (the group size)."""
-    temperature: float = Field(1.0, ge=0)
-    """Sampling temperature (0 = greedy); the training engine's log-probs use the same value."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts, > 0: the training log-probs divide the logits by it (greedy: val_temperature)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass."""
     max_new_tokens: int = Field(6, ge=1)
@@ -95,6 +95,19 @@ class RolloutConfig(StrictModel):
     """How trained weights reach the rollout replicas."""
     tool_env: ToolEnvConfig = Field(default_factory=ToolEnvConfig)
     """Simulated tool call after each train trajectory (long-tail latency for agentic workloads)."""
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_trains(cls, value: float) -> float:
+        """Temperature 0 would divide the training logits by zero: every log-prob, loss and
+        gradient NaN, and every optimizer step skipped. Greedy decoding is for validation."""
+        if not value > 0:  # NaN too
+            raise ValueError(
+                f"must be > 0 for training, got {value}: the training engine divides the logits by "
+                "it, so 0 makes every log-prob and gradient NaN. For greedy decoding in validation "
+                "set rollout.val_temperature=0 (its default)"
+            )
+        return value
 
 
 class RewardConfig(StrictModel):

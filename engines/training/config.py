@@ -24,6 +24,8 @@ class ActorConfig(PolicyLossConfig):
     """Floor of the decayed LR as a fraction of the peak."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global grad norm to this value."""
+    max_nonfinite_steps_in_row: int = Field(3, ge=1)
+    """Stop the run after this many optimizer steps in a row skipped for a NaN/inf grad norm (each is counted in actor/nonfinite_steps)."""
     micro_batch_size: int | None = Field(None, ge=1)
     """Samples per training micro-batch (None: no count limit)."""
     max_tokens_per_micro_batch: int | None = Field(None, ge=1)

@@ -150,12 +150,15 @@ class TorchTrainingEngine:
             offset += count
 
     def optimizer_step(self) -> dict[str, float]:
+        """Clip and step; a NaN/inf grad norm skips the step (the weights stay finite) and is
+        reported as ``actor/nonfinite_steps`` = 1, so the worker can stop a run that keeps doing it."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         lr = self.optimizer.param_groups[0]["lr"]
-        if torch.isfinite(grad_norm):
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
             self.optimizer.step()
         self.scheduler.step()
-        return {"actor/grad_norm": float(grad_norm), "actor/lr": lr}
+        return {"actor/grad_norm": float(grad_norm), "actor/lr": lr, "actor/nonfinite_steps": float(not finite)}
 
     def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, object]:
         """One optimizer step: zero_grad -> forward/backward -> clip -> step (R-4.1)."""

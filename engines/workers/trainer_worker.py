@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from rl_train.algorithms.actor_loss import build_actor_loss_fn
 from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.nonfinite import NonFiniteStepGuard
 from rl_train.engines.training.registry import build_training_engine
 from rl_train.engines.training.snapshot import WeightSnapshots
 from rl_train.engines.weight_sync.base import WeightSender
@@ -59,6 +60,7 @@ class TrainerWorker:
         )
         self.pad_token_id = int(self.engine.tokenizer.pad_token_id)
         self.loss_fn = build_actor_loss_fn(self.cfg)
+        self.nonfinite = NonFiniteStepGuard(self.cfg.max_nonfinite_steps_in_row)
         self.tq = tq
         self.sender: WeightSender | None = None
         self.model_path, self.seed = model_path, seed
@@ -94,7 +96,9 @@ class TrainerWorker:
         """ppo_epochs x num_mini_batches optimizer steps over this rank's share of the batch.
 
         Every rank must run the same number of steps (they all-reduce each one), so the
-        driver fixes ``num_mini_batches`` for all ranks.
+        driver fixes ``num_mini_batches`` for all ranks. Metrics are means over the steps,
+        except ``actor/nonfinite_steps`` (the steps skipped for a NaN/inf grad norm, a count)
+        and ``actor/nonfinite_steps_in_row``; too many in a row raise ``NonFiniteStepsError``.
         """
         fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if self.cfg.kl_loss else [])
         # Whole records: collate also reads the RS-edited response_mask when the advantage phase wrote one.
@@ -111,10 +115,15 @@ class TrainerWorker:
             for part in range(num_mini_batches):
                 chunk = records[part::num_mini_batches] if num_mini_batches > 1 else records
                 batch = collate(chunk, self.pad_token_id, fields)
-                for key, value in self.engine.train_batch(batch, self.loss_fn).items():
+                step_metrics = self.engine.train_batch(batch, self.loss_fn)
+                for key, value in step_metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value)  # type: ignore[arg-type]
                 steps += 1
-        return {key: value / max(steps, 1) for key, value in sums.items()}
+                self.nonfinite.record(float(step_metrics["actor/nonfinite_steps"]) > 0)  # type: ignore[arg-type]
+        metrics = {key: value / max(steps, 1) for key, value in sums.items()}
+        metrics["actor/nonfinite_steps"] = sums.get("actor/nonfinite_steps", 0.0)
+        metrics["actor/nonfinite_steps_in_row"] = float(self.nonfinite.in_row)
+        return metrics
 
     # -- weights ------------------------------------------------------------------------
     def open_sender(self, backend: Any) -> dict[str, Any]:
