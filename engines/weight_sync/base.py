@@ -29,7 +29,7 @@ SparseUpdates = Iterable[tuple[str, torch.Tensor, torch.Tensor]]
 @runtime_checkable
 class WeightSender(Protocol):
     def descriptor(self) -> dict[str, Any]:
-        """Small, picklable: what a receiver needs to connect (names, ports, sizes)."""
+        """Small, picklable: what a receiver needs to connect (names, ports, sizes, the run's token)."""
         ...
 
     def send(self, named_tensors: NamedTensors, version: int) -> Any:

@@ -12,11 +12,13 @@ only two buffers exist, memory stays at about two buckets whatever the model siz
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+from typing import Any
 
 import torch
 
-from rl_train.engines.weight_sync.errors import TransportError
+from rl_train.engines.weight_sync.errors import TransportError, WireFormatError
+from rl_train.engines.weight_sync.frame import check_shape, dtype_from_name
 
 
 @dataclass(frozen=True)
@@ -33,17 +35,32 @@ class ChunkMeta:
     """Byte offset of this chunk inside the bucket."""
     nbytes: int
 
+    def to_wire(self) -> list[Any]:
+        """The record as a JSON list, in field order, for the bucket announcement."""
+        return [self.name, self.dtype, list(self.shape), *astuple(self)[3:]]
+
+    @classmethod
+    def from_wire(cls, fields: Any, bucket_nbytes: int) -> ChunkMeta:
+        """A record read off the wire, checked to describe bytes inside a bucket of ``bucket_nbytes``."""
+        if not isinstance(fields, list) or len(fields) != 7 or not isinstance(fields[0], str):
+            raise WireFormatError(f"malformed chunk record {fields!r:.200}")
+        name, dtype_text, shape, *numbers = fields
+        what = f"chunk of tensor {name!r:.200}"
+        if not all(type(n) is int and n >= 0 for n in numbers):
+            raise WireFormatError(f"{what}: sizes and offsets must be non-negative integers, got {numbers!r}")
+        dtype = dtype_from_name(dtype_text)
+        tensor_nbytes, chunk_offset, buffer_offset, nbytes = numbers
+        chunk = cls(name, dtype_text, check_shape(shape, dtype, tensor_nbytes, what), *numbers)
+        if chunk_offset + nbytes > tensor_nbytes or buffer_offset + nbytes > bucket_nbytes:
+            raise WireFormatError(f"{what}: bytes [{buffer_offset}, +{nbytes}) lie outside the tensor or bucket")
+        if nbytes == tensor_nbytes and buffer_offset % dtype.itemsize:
+            raise WireFormatError(f"{what}: a whole tensor must start aligned to its {dtype.itemsize}-byte element")
+        return chunk
+
 
 def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """The raw bytes of ``tensor`` as a flat uint8 view (a copy only when not contiguous)."""
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise TransportError(f"unknown dtype {name!r} in bucket metadata")
-    return dtype
 
 
 ALIGN_BYTES = 64
@@ -75,6 +92,7 @@ def pack_buckets(
     entries: list[ChunkMeta] = []
     acquire(index)
     for name, tensor in named_tensors:
+        dtype_from_name(str(tensor.dtype))  # one the receivers accept, or fail here, naming it
         data = tensor_bytes(tensor)
         total, offset = data.numel(), 0
         used = min(-(-used // ALIGN_BYTES) * ALIGN_BYTES, size)

@@ -37,7 +37,7 @@ from rl_train.engines.weight_sync.delta_codec import (
     verify_flushes,
 )
 from rl_train.engines.weight_sync.delta_diff import SnapshotDiffer
-from rl_train.engines.weight_sync.errors import ExportError, ReceiveError, TransportError
+from rl_train.engines.weight_sync.errors import ExportError, ReceiveError, TransportError, WireFormatError
 from rl_train.engines.weight_sync.stream_receiver import StreamedTensors, StreamReceiver
 from rl_train.engines.weight_sync.wire import Deadline
 
@@ -137,7 +137,9 @@ class DeltaReceiver:
     def receive(self, payload: Any, timeout_seconds: float) -> tuple[NamedTensors, int]:
         deadline = Deadline(timeout_seconds)
         header = self.stream.begin(deadline)
-        version = int(header["version"])
+        version = header["version"]
+        if header["kind"] not in ("full", "delta"):
+            raise WireFormatError(f"unknown stream kind {header['kind']!r:.100} for version {version}")
         if header["kind"] == "full":
             return _FullSync(self, version, deadline), version
         flushes = decode_flushes(self.stream.tensors(deadline))

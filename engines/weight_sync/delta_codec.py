@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rl_train.engines.weight_sync.errors import WireFormatError
+
 CHECKSUM = "#checksum"
 
 
@@ -71,21 +73,27 @@ def _close(number: int, flush: Flush, num_entries: int) -> tuple[str, torch.Tens
 
 
 def decode_flushes(items: Iterable[tuple[str, torch.Tensor]]) -> list[Flush]:
+    """The flushes of a delta stream; an item that does not follow the encoding raises ``WireFormatError``."""
     flushes: dict[int, Flush] = {}
     pending_index: torch.Tensor | None = None
     for item, tensor in items:
-        number_text, rest = item.split("/", 1)
+        number_text, _, rest = item.partition("/")
+        if not (number_text.isascii() and number_text.isdigit()):
+            raise WireFormatError(f"delta item {item!r:.200} does not start with a flush number")
         flush = flushes.setdefault(int(number_text), Flush())
         if rest == CHECKSUM:
+            if tensor.dtype != torch.int64 or tensor.shape != (2,):
+                raise WireFormatError(f"delta item {item!r:.200} is not an int64 [crc32, num_entries]")
             flush.checksum, flush.num_entries = int(tensor[0]), int(tensor[1])
             continue
-        name, part = rest.rsplit("/", 1)
-        if part == "index":
+        name, _, part = rest.rpartition("/")
+        if part == "index" and pending_index is None:
             pending_index = tensor.clone()  # stream items are views of a bucket that gets reused
-        else:
-            assert pending_index is not None, f"values of {name!r} arrived without positions"
+        elif part == "values" and pending_index is not None:
             flush.segments.append((name, pending_index, tensor.clone()))
             pending_index = None
+        else:
+            raise WireFormatError(f"delta item {item!r:.200} is out of order or of an unknown kind")
     return [flushes[number] for number in sorted(flushes)]
 
 

@@ -15,6 +15,8 @@ class WeightSyncError(RuntimeError):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"weight sync failed at boundary '{self.boundary}': {message}")
+        self.reason = message
+        """The message without the boundary prefix, for passing on to a peer."""
 
 
 class QuiesceError(WeightSyncError):
@@ -36,3 +38,11 @@ class ReceiveError(WeightSyncError):
 class RecoverError(WeightSyncError):
     boundary = "recover"
 
+
+class WireFormatError(TransportError):
+    """A frame on the control channel is malformed: wrong magic or version, a declared length
+    over its cap, bad JSON, an unknown message or dtype, or sizes that do not add up."""
+
+
+class PeerRefusedError(TransportError):
+    """A connection did not present the sender's per-run token, or the sender refused this receiver."""

@@ -1,16 +1,23 @@
 """One bucketed stream of named tensors from a sender to N receivers, over any transport.
 
 Protocol on each receiver's control socket (sender -> receiver unless marked):
-``hello`` (receiver -> sender, once), ``welcome`` (once), then per stream ``begin(header)``,
+``hello(token, transport hello)`` (receiver -> sender, once), ``welcome`` (once), then per stream ``begin(header)``,
 ``bucket(index, nbytes, chunks)`` per bucket, ``end(num_buckets)``; the receiver answers
 every bucket with ``ack(index)`` once it has copied the bytes out, which frees that buffer.
 A background thread pushes bucket k while the caller packs bucket k+1 into the other
 buffer; before a buffer is reused, the packer waits for every receiver's ack of it.
+
+The descriptor carries a random per-sender token. A connection whose hello does not
+present it (a stray client, a receiver of another run, garbage) is answered ``refused``
+and closed, and the sender goes on accepting until its own receivers are in.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
+import logging
+import secrets
 import socket
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,9 +28,18 @@ import torch
 
 from rl_train.engines.weight_sync import wire
 from rl_train.engines.weight_sync.buckets import ChunkMeta, pack_buckets
-from rl_train.engines.weight_sync.errors import TransportError
+from rl_train.engines.weight_sync.errors import PeerRefusedError, TransportError
+from rl_train.engines.weight_sync.frame import Message
 from rl_train.engines.weight_sync.transports import PlacesDirect, get_transport
 from rl_train.engines.weight_sync.wire import Deadline
+
+logger = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_SECONDS = 5.0
+"""How long an accepted connection may take to say hello before it is dropped, so that a
+silent client cannot hold the place of a real receiver for the whole sync timeout."""
+HELLO_MAX_META_BYTES = 64 << 10
+"""Cap on a hello, read before the peer has shown the token."""
 
 
 class StreamSender:
@@ -33,8 +49,12 @@ class StreamSender:
         self._num_receivers = num_receivers
         self._conns: list[socket.socket] = []
         self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync-push")
+        self._token = secrets.token_hex(32)
+        self.num_refused = 0
+        """Connections refused so far (no token, a wrong one, or not speaking the protocol)."""
         self._descriptor = {
             "transport": transport,
+            "token": self._token,
             "host": host,
             "port": self._server.getsockname()[1],
             "bucket_size_bytes": bucket_size_bytes,
@@ -49,26 +69,47 @@ class StreamSender:
         if self._conns:
             return
         hellos = []
-        for rank in range(self._num_receivers):
-            waiting = f"waiting for receiver {rank + 1} of {self._num_receivers} to connect"
+        while len(self._conns) < self._num_receivers:
+            waiting = f"waiting for receiver {len(self._conns) + 1} of {self._num_receivers} to connect"
             conn = wire.accept(self._server, deadline, waiting)
+            own = Deadline(min(HELLO_TIMEOUT_SECONDS, deadline.remaining(waiting)))
+            try:
+                hellos.append(self._hello(conn, own))
+            except TransportError as exc:  # this peer only: the sync goes on without it
+                self._refuse(conn, exc)
+                continue
             self._conns.append(conn)
-            hellos.append(wire.expect(wire.recv_message(conn, deadline, waiting), "hello", waiting)[0])
         for conn, welcome in zip(self._conns, self._transport.plan(hellos), strict=True):
             wire.send_message(conn, ("welcome", welcome), deadline, "sending the welcome")
         self._transport.attach(self._conns, deadline)
 
-    def broadcast(self, message: Any, deadline: Deadline, waiting_for: str) -> None:
+    def _hello(self, conn: socket.socket, deadline: Deadline) -> dict[str, Any]:
+        """The transport hello of a peer that presents this sender's token."""
+        waiting = "waiting for a connected peer's hello"
+        message = wire.recv_message(conn, deadline, waiting, max_meta_bytes=HELLO_MAX_META_BYTES)
+        token, hello = wire.expect(message, "hello", waiting)
+        if not hmac.compare_digest(token.encode(), self._token.encode()):
+            raise PeerRefusedError("the peer did not present this sender's token (from its descriptor)")
+        return hello
+
+    def _refuse(self, conn: socket.socket, reason: TransportError) -> None:
+        self.num_refused += 1
+        logger.warning("weight sync: refused a connection to the sender: %s", reason)
+        with contextlib.suppress(TransportError):
+            wire.send_message(conn, ("refused", reason.reason), Deadline(1.0), "refusing a peer")
+        conn.close()
+
+    def broadcast(self, message: Message, deadline: Deadline, waiting_for: str) -> None:
         for rank, conn in enumerate(self._conns):
             wire.send_message(conn, message, deadline, f"{waiting_for} (receiver {rank})")
 
-    def gather(self, kind: str, deadline: Deadline, waiting_for: str) -> list[tuple[Any, ...]]:
+    def gather(self, kind: str, deadline: Deadline, waiting_for: str) -> list[Message]:
         """One ``kind`` message from every receiver; an ``abort`` from one raises with its reason."""
         replies, aborted = [], []
         for rank, conn in enumerate(self._conns):  # read every receiver's reply so all stay in step
             what = f"waiting for receiver {rank} {waiting_for}"
             message = wire.recv_message(conn, deadline, what)
-            if isinstance(message, tuple) and message and message[0] == "abort":
+            if message[0] == "abort":
                 aborted.append(f"receiver {rank} aborted the sync: {message[1]}")
                 continue
             replies.append(wire.expect(message, kind, what))
@@ -117,7 +158,7 @@ class StreamSender:
     def _push(
         self, index: int, nbytes: int, chunks: list[ChunkMeta], number: int, deadline: Deadline
     ) -> None:
-        message = ("bucket", index, nbytes, chunks)
+        message = ("bucket", index, nbytes, [chunk.to_wire() for chunk in chunks])
         if self._transport.data_before_meta:
             self._transport.push(index, nbytes, deadline)
             self.broadcast(message, deadline, f"announcing bucket {number}")

@@ -13,17 +13,23 @@ from typing import Any
 import torch
 
 from rl_train.engines.weight_sync import wire
-from rl_train.engines.weight_sync.buckets import TensorAssembler
-from rl_train.engines.weight_sync.errors import TransportError
+from rl_train.engines.weight_sync.buckets import ChunkMeta, TensorAssembler
+from rl_train.engines.weight_sync.errors import TransportError, WireFormatError
+from rl_train.engines.weight_sync.frame import Message
 from rl_train.engines.weight_sync.transports import get_transport
 from rl_train.engines.weight_sync.wire import Deadline
 
 
 class StreamReceiver:
-    """Connects at construction (so the sender can count it) and finishes the handshake lazily."""
+    """Connects at construction (so the sender can count it) and finishes the handshake lazily.
+
+    The hello presents the sender's token from the descriptor; a sender that does not know
+    it answers ``refused``, which ``begin`` raises as ``PeerRefusedError``.
+    """
 
     def __init__(self, descriptor: dict[str, Any], connect_timeout_seconds: float) -> None:
         self._descriptor = descriptor
+        self._bucket_size_bytes = int(descriptor["bucket_size_bytes"])
         self._transport = get_transport(descriptor["transport"]).Receiver(descriptor)
         deadline = Deadline(connect_timeout_seconds)
         where = f"{descriptor['host']}:{descriptor['port']}"
@@ -31,20 +37,23 @@ class StreamReceiver:
             descriptor["host"], descriptor["port"], deadline, f"to the sender at {where}"
         )
         wire.send_message(
-            self._sock, ("hello", self._transport.hello()), deadline, "saying hello to the sender"
+            self._sock,
+            ("hello", str(descriptor.get("token", "")), self._transport.hello()),
+            deadline,
+            "saying hello to the sender",
         )
         self._attached = False
         self._sender_aborted = False
         self._in_stream = False
         self._unacked: int | None = None
 
-    def send(self, message: Any, deadline: Deadline, waiting_for: str) -> None:
+    def send(self, message: Message, deadline: Deadline, waiting_for: str) -> None:
         wire.send_message(self._sock, message, deadline, waiting_for)
 
-    def recv(self, kind: str, deadline: Deadline, waiting_for: str) -> tuple[Any, ...]:
+    def recv(self, kind: str, deadline: Deadline, waiting_for: str) -> Message:
         return wire.expect(self.recv_any(deadline, waiting_for), kind, waiting_for)
 
-    def recv_any(self, deadline: Deadline, waiting_for: str) -> Any:
+    def recv_any(self, deadline: Deadline, waiting_for: str) -> Message:
         return wire.recv_message(self._sock, deadline, waiting_for)
 
     def begin(self, deadline: Deadline) -> dict[str, Any]:
@@ -55,6 +64,8 @@ class StreamReceiver:
             self._transport.attach(welcome, self._sock, deadline)
             self._attached = True
         (header,) = self.recv("begin", deadline, "waiting for the sender to begin a sync")
+        if type(header.get("version")) is not int or not isinstance(header.get("kind"), str):
+            raise WireFormatError(f"stream header {header!r:.200} needs an integer version and a kind")
         self._sender_aborted, self._in_stream = False, True
         return header
 
@@ -78,18 +89,24 @@ class StreamReceiver:
             self._ack(deadline, number)
             number += 1
 
-    def _next_bucket(self, deadline: Deadline, number: int) -> tuple[Any, ...] | None:
+    def _next_bucket(self, deadline: Deadline, number: int) -> tuple[int, int, list[ChunkMeta]] | None:
         """The next bucket's (index, nbytes, chunks), or ``None`` at the end of the stream."""
         message = wire.recv_message(self._sock, deadline, f"waiting for bucket {number} from the sender")
-        if isinstance(message, tuple) and message and message[0] == "abort":
+        if message[0] == "abort":
             self._sender_aborted, self._in_stream = True, False
             raise TransportError(f"the sender aborted the sync at bucket {number}: {message[1]}")
-        if isinstance(message, tuple) and message and message[0] == "end":
+        if message[0] == "end":
             self._in_stream = False
             if message[1] != number:
                 raise TransportError(f"the sender sent {message[1]} buckets, {number} arrived")
             return None
-        return wire.expect(message, "bucket", f"waiting for bucket {number}")
+        index, nbytes, records = wire.expect(message, "bucket", f"waiting for bucket {number}")
+        if index not in (0, 1) or not 0 <= nbytes <= self._bucket_size_bytes:
+            raise WireFormatError(
+                f"bucket {number} announces buffer {index} with {nbytes} bytes; "
+                f"there are buffers 0 and 1 of {self._bucket_size_bytes} bytes"
+            )
+        return index, nbytes, [ChunkMeta.from_wire(record, nbytes) for record in records]
 
     def _ack(self, deadline: Deadline, number: int) -> None:
         assert self._unacked is not None

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rl_train.engines.weight_sync.errors import TransportError
+from rl_train.engines.weight_sync.errors import TransportError, WireFormatError
 from rl_train.engines.weight_sync.wire import Deadline
 
 PROTOCOL = "tcp"
@@ -69,6 +69,15 @@ class Sender:
         return {}
 
     def plan(self, hellos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for hello in hellos:
+            session, addresses = hello.get("session"), hello.get("addresses")
+            if (
+                not isinstance(session, str)
+                or not isinstance(addresses, list)
+                or len(addresses) != 2
+                or not all(type(address) is int and address > 0 for address in addresses)
+            ):
+                raise WireFormatError(f"a Mooncake hello needs a session and two buffer addresses: {hello!r:.200}")
         self._peers = [(hello["session"], hello["addresses"]) for hello in hellos]
         return [{} for _ in hellos]
 

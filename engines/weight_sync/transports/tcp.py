@@ -1,7 +1,8 @@
 """``tcp``: bucket bytes follow their announcement on each receiver's control socket.
 
-Works across hosts with nothing installed; one ``sendall`` per receiver per bucket, so the
-sender's uplink is shared by the receivers.
+Works across hosts with nothing installed; one frame per receiver per bucket (``frame.py``:
+a header, then the raw bytes, at most a bucket long), so the sender's uplink is shared by
+the receivers.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 
 import torch
 
-from rl_train.engines.weight_sync.wire import Deadline, recv_exact, send_all
+from rl_train.engines.weight_sync.errors import WireFormatError
+from rl_train.engines.weight_sync.wire import Deadline, expect, recv_frame, send_frame
 
 
 def available() -> str:
@@ -35,9 +37,9 @@ class Sender:
         self._conns = conns
 
     def push(self, index: int, nbytes: int, deadline: Deadline) -> None:
-        view = memoryview(self.buffers[index].numpy())[:nbytes]
+        bucket = self.buffers[index][:nbytes]
         for rank, conn in enumerate(self._conns):
-            send_all(conn, view, deadline, f"sending a bucket to receiver {rank}")
+            send_frame(conn, ("bytes", index), [bucket], deadline, f"sending a bucket to receiver {rank}")
 
     def close(self) -> None:
         self._conns = []
@@ -45,7 +47,8 @@ class Sender:
 
 class Receiver:
     def __init__(self, descriptor: dict[str, Any]) -> None:
-        self._buffer: torch.Tensor | None = None
+        self._bucket_size_bytes = int(descriptor["bucket_size_bytes"])
+        self._buffer = torch.empty(self._bucket_size_bytes, dtype=torch.uint8)
         self._sock: socket.socket | None = None
 
     def hello(self) -> dict[str, Any]:
@@ -55,13 +58,21 @@ class Receiver:
         self._sock = sock
 
     def pull(self, index: int, nbytes: int, deadline: Deadline) -> torch.Tensor:
-        assert self._sock is not None
-        if self._buffer is None or self._buffer.numel() < nbytes:
-            self._buffer = torch.empty(nbytes, dtype=torch.uint8)
-        view = self._buffer[:nbytes]
-        recv_exact(self._sock, memoryview(view.numpy()), deadline, "waiting for bucket bytes from the sender")
-        return view
+        assert self._sock is not None, "attach() comes before the first bucket"
+        waiting = "waiting for bucket bytes from the sender"
+        message, tensors = recv_frame(
+            self._sock, deadline, waiting, max_payload_bytes=self._bucket_size_bytes, into=self._buffer
+        )
+        (got_index,) = expect(message, "bytes", waiting)
+        if got_index != index or len(tensors) != 1 or tensors[0].dtype != torch.uint8:
+            raise WireFormatError(
+                f"expected the bytes of bucket buffer {index}, got {message!r} with {len(tensors)} tensor(s)"
+            )
+        if tensors[0].numel() != nbytes:
+            raise WireFormatError(
+                f"bucket buffer {index} was announced with {nbytes} bytes, {tensors[0].numel()} came"
+            )
+        return tensors[0]
 
     def close(self) -> None:
         self._sock = None
-        self._buffer = None

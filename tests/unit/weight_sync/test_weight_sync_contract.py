@@ -39,7 +39,7 @@ from rl_train.engines.weight_sync.transports import tcp as tcp_transport
 
 PACKAGE = Path(__file__).resolve().parents[3] / "engines" / "weight_sync"
 LOW_LEVEL = [
-    "errors.py", "wire.py", "buckets.py", "delta_codec.py", "delta_diff.py",
+    "errors.py", "frame.py", "wire.py", "buckets.py", "delta_codec.py", "delta_diff.py",
     "stream.py", "stream_receiver.py", *(f"transports/{p.name}" for p in (PACKAGE / "transports").glob("*.py")),
 ]  # fmt: skip
 UPPER = {"base", "boundaries", "bucketed", "delta", "naive", "config"}
@@ -66,6 +66,16 @@ def test_low_level_modules_never_import_the_orchestration_above_them() -> None:
     assert not upward, "\n".join(upward)
 
 
+def test_no_module_of_the_package_imports_pickle() -> None:
+    # Bytes from a socket are never unpickled: the wire format is JSON and raw bytes.
+    users = [
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if any(module.split(".")[0] in ("pickle", "cloudpickle", "dill") for module in _imported_modules(path))
+    ]
+    assert not users, users
+
+
 def test_optional_hooks_are_never_looked_up_by_name() -> None:
     lookups = []
     for path in PACKAGE.rglob("*.py"):
@@ -85,7 +95,9 @@ def test_optional_hooks_are_never_looked_up_by_name() -> None:
 def test_the_errors_keep_their_old_import_path() -> None:
     for name in ("WeightSyncError", "QuiesceError", "ExportError", "TransportError", "ReceiveError", "RecoverError"):
         assert getattr(boundaries, name) is getattr(errors, name)
-    assert "boundary 'transport'" in str(errors.TransportError("connection lost"))
+    assert issubclass(errors.WireFormatError, errors.TransportError)
+    assert issubclass(errors.PeerRefusedError, errors.TransportError)
+    assert "boundary 'transport'" in str(errors.WireFormatError("bad magic"))
 
 
 def test_every_backend_declares_handover_and_transport_use() -> None:
