@@ -1,13 +1,28 @@
-"""What every rollout engine offers (R-5.2, R-5.3), and the records it returns."""
+"""What every rollout engine offers (R-5.2, R-5.3), and the records it returns.
+
+``RolloutEngine`` lists exactly what the rollout worker and a weight sync call on an engine,
+plus ``export_weights``, with which the conformance suite (tests/unit/test_engine_conformance.py)
+reads back what a sync loaded. An engine joins by being registered in
+``rl_train.engines.rollout.registry``; that suite then checks its behaviour, not its shape.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from rl_train.engines.weight_sync.base import NamedTensors
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from rl_train.engines.weight_sync.boundaries import SparseUpdates
+
 StopReason = Literal["eos", "length", "aborted"]
+
+
+class EngineStateError(RuntimeError):
+    """The engine was asked to generate while asleep or with its KV cache released."""
 
 
 @dataclass
@@ -15,6 +30,10 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 8
+    seed: int | None = None
+    """Seed of this call's sampling (None: the engine's own stream): equal seeds, equal samples."""
+    ignore_eos: bool = False
+    """Keep sampling past EOS until max_new_tokens (benchmarks, and a request long enough to abort)."""
 
 
 @dataclass
@@ -30,34 +49,66 @@ class GenerationResult:
     request_id: str
     prompt_ids: list[int]
     response_ids: list[int]
+    """The response prefix of the request followed by the tokens generated now."""
     log_probs: list[float]
-    """log pi(token) of each response token under the weights that sampled it."""
+    """log pi(token) of each token generated now, under the weights that sampled it."""
     token_versions: list[int]
-    """Weight version that produced each response token (R-1.4)."""
+    """Weight version that produced each token generated now (R-1.4)."""
     stop_reason: StopReason
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    version: int
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The policy's tokenizer (the worker encodes prompts with it)."""
+        ...
 
-    def generate(
-        self, requests: list[GenerationRequest], params: SamplingParams
-    ) -> list[GenerationResult]: ...
+    @property
+    def version(self) -> int:
+        """Weight version served now: the last ``update_weights`` version, 0 before any."""
+        ...
 
-    def abort(self) -> int: ...
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        """One result per request, in order. Raises ``EngineStateError`` while asleep or
+        while the KV cache is released."""
+        ...
 
-    def sleep(self) -> None: ...
+    def abort(self) -> int:
+        """Stop in-flight generation at the next token, from any thread; the interrupted
+        requests return what they have with stop_reason "aborted". Returns how many were in flight."""
+        ...
+
+    def sleep(self) -> None:
+        """Give back the engine's memory until ``wake_up``: in-flight requests are aborted, the
+        KV cache is freed (not offloaded) and the weights leave the accelerator. Weights
+        updated while asleep are served after ``wake_up``."""
+        ...
 
     def wake_up(self) -> None: ...
 
-    def release_kv_cache(self) -> None: ...
+    def release_kv_cache(self) -> None:
+        """Quiesce for a weight sync: abort, wait until idle, free the KV cache, keep the weights."""
+        ...
 
     def resume_kv_cache(self) -> None: ...
 
-    def update_weights(self, named_tensors: NamedTensors, version: int) -> None: ...
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prefixes, so that no KV computed under old weights is reused."""
+        ...
 
-    # Optional: update_weights_sparse(updates, version), which lets `delta` syncs write only
-    # the changed entries (see weight_sync.boundaries.accepts_sparse_updates).
+    def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        """Copy HF-named tensors into the engine's weights (asleep or awake) and serve ``version``."""
+        ...
 
-    def reset_prefix_cache(self) -> None: ...
+    def export_weights(self) -> NamedTensors:
+        """The engine's weights, HF-named, as loaded (dtype unchanged)."""
+        ...
+
+
+@runtime_checkable
+class SparseWeightUpdates(Protocol):
+    """Optional: lets ``delta`` syncs write only the changed entries, in place
+    (see weight_sync.boundaries.accepts_sparse_updates)."""
+
+    def update_weights_sparse(self, updates: SparseUpdates, version: int) -> None: ...

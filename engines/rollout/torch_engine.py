@@ -1,10 +1,21 @@
-"""The built-in rollout engine: batched sampling on torch with a KV cache.
+"""The built-in rollout engine: batched sampling on torch with a KV cache, on CPU or one GPU.
 
 Requests are left-padded into one batch; positions come from the attention mask so that a
 padded row computes exactly what it would alone, and what the training engine computes on
 the right-padded sequence. ``abort`` may be called from another thread (a Ray actor with
 concurrency > 1): the decode loop stops at the next token and every request returns what it
 has with stop_reason "aborted".
+
+Memory. The KV cache of a batch lives only while the batch decodes: it is built for the
+batch and dropped when the batch returns, so an idle engine holds no KV memory at all.
+``sleep`` and ``release_kv_cache`` therefore free the cache by aborting in-flight batches and
+waiting until none is left (a cache is never offloaded: it would be stale after the next
+weight sync anyway). ``sleep`` then moves the weights (parameters and buffers) to host
+memory, pinned so that ``wake_up`` copies them back at full bandwidth, and returns the
+allocator's cached device blocks. On a CPU engine the weights already live in host memory:
+an offload would only copy them within the same memory (doubling the peak to free nothing),
+so they stay where they are and the engine merely refuses to generate until ``wake_up``.
+Weights pushed while asleep are written into wherever the weights are.
 """
 
 from __future__ import annotations
@@ -18,47 +29,67 @@ import torch
 from transformers import DynamicCache
 
 from rl_train.engines.model.tiny import load_policy
-from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, SamplingParams
+from rl_train.engines.rollout.protocol import (
+    EngineStateError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
 from rl_train.engines.rollout.sampling import sample_tokens
 from rl_train.engines.weight_sync.base import NamedTensors
 from rl_train.engines.weight_sync.boundaries import SparseUpdates, write_entries
 
+__all__ = ["EngineStateError", "TorchRolloutEngine"]
 
-class EngineStateError(RuntimeError):
-    """The engine was asked to generate while asleep or with its KV cache released."""
+HOST = torch.device("cpu")
 
 
 class TorchRolloutEngine:
-    def __init__(self, model_path: str | Path, seed: int = 0, max_batch_size: int = 1024) -> None:
-        self.model, self.tokenizer = load_policy(model_path)
-        self.model.eval()
+    def __init__(
+        self, model_path: str | Path, seed: int = 0, max_batch_size: int = 1024, device: str = "cpu"
+    ) -> None:
+        self.device = torch.device(device)
+        model, self.tokenizer = load_policy(model_path)
+        self.model = model.to(self.device).eval()
         self.eos_token_id = int(self.tokenizer.eos_token_id)
         self.pad_token_id = int(self.tokenizer.pad_token_id)
         self.max_batch_size = max_batch_size
         self.version = 0
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator(self.device).manual_seed(seed)
         self._abort = threading.Event()
-        self._lock = threading.Lock()
+        self._state = threading.Condition()
         self._in_flight = 0
-        self._offloaded: dict[str, torch.Tensor] | None = None
+        self._asleep = False
         self._kv_released = False
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
-        if self._offloaded is not None:
-            raise EngineStateError("rollout engine is asleep; call wake_up() before generate()")
-        if self._kv_released:
-            raise EngineStateError("rollout engine's KV cache is released; call resume_kv_cache() first")
-        self._abort.clear()
-        results: list[GenerationResult] = []
-        for start in range(0, len(requests), self.max_batch_size):
-            results.extend(self._generate_batch(requests[start : start + self.max_batch_size], params))
-        return results
+        with self._state:
+            if self._asleep:
+                raise EngineStateError("rollout engine is asleep; call wake_up() before generate()")
+            if self._kv_released:
+                raise EngineStateError("rollout engine's KV cache is released; call resume_kv_cache() first")
+            self._abort.clear()
+            self._in_flight += len(requests)
+        generator = self._generator
+        if params.seed is not None:
+            generator = torch.Generator(self.device).manual_seed(params.seed)
+        try:
+            results: list[GenerationResult] = []
+            for start in range(0, len(requests), self.max_batch_size):
+                batch = requests[start : start + self.max_batch_size]
+                results.extend(self._generate_batch(batch, params, generator))
+            return results
+        finally:
+            with self._state:
+                self._in_flight -= len(requests)
+                self._state.notify_all()
 
     @torch.no_grad()
     def _generate_batch(
-        self, requests: list[GenerationRequest], params: SamplingParams
+        self, requests: list[GenerationRequest], params: SamplingParams, generator: torch.Generator
     ) -> list[GenerationResult]:
+        """Decode one left-padded batch; its KV cache is a local and dies with this call."""
         contexts = [r.prompt_ids + r.response_prefix for r in requests]
         batch_size, width = len(contexts), max(len(c) for c in contexts)
         input_ids = torch.full((batch_size, width), self.pad_token_id, dtype=torch.long)
@@ -66,44 +97,41 @@ class TorchRolloutEngine:
         for i, ids in enumerate(contexts):
             input_ids[i, width - len(ids) :] = torch.tensor(ids)
             attention[i, width - len(ids) :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        eos = None if params.ignore_eos else self.eos_token_id
         budget = [max(params.max_new_tokens - len(r.response_prefix), 0) for r in requests]
         new_ids: list[list[int]] = [[] for _ in requests]
         new_logps: list[list[float]] = [[] for _ in requests]
         stop: list[str | None] = [None if b > 0 else "length" for b in budget]
         cache = DynamicCache()
-        self._in_flight += batch_size
-        try:
-            step_ids, step_pos = input_ids, positions
-            for step in range(max(budget, default=0)):
-                if self._abort.is_set():
-                    stop = [s or "aborted" for s in stop]
-                    break
-                out = self.model(
-                    input_ids=step_ids,
-                    attention_mask=attention,
-                    position_ids=step_pos,
-                    cache=cache,
-                    use_cache=True,
-                )
-                tokens, logps = sample_tokens(
-                    out.logits[:, -1], params.temperature, params.top_p, self._generator
-                )
-                for i in range(batch_size):
-                    if stop[i] is None:
-                        new_ids[i].append(int(tokens[i]))
-                        new_logps[i].append(float(logps[i]))
-                        if int(tokens[i]) == self.eos_token_id:
-                            stop[i] = "eos"
-                        elif step + 1 >= budget[i]:
-                            stop[i] = "length"
-                if all(s is not None for s in stop):
-                    break
-                step_ids = tokens[:, None]
-                step_pos = step_pos[:, -1:] + 1
-                attention = torch.cat([attention, torch.ones((batch_size, 1), dtype=torch.long)], dim=1)
-        finally:
-            self._in_flight -= batch_size
+        step_ids, step_pos = input_ids, positions
+        for step in range(max(budget, default=0)):
+            if self._abort.is_set():
+                stop = [s or "aborted" for s in stop]
+                break
+            logits = self.model(
+                input_ids=step_ids,
+                attention_mask=attention,
+                position_ids=step_pos,
+                cache=cache,
+                use_cache=True,
+            ).logits[:, -1]
+            tokens, logps = sample_tokens(logits, params.temperature, params.top_p, generator)
+            token_list, logp_list = tokens.tolist(), logps.tolist()
+            for i in range(batch_size):
+                if stop[i] is None:
+                    new_ids[i].append(token_list[i])
+                    new_logps[i].append(logp_list[i])
+                    if token_list[i] == eos:
+                        stop[i] = "eos"
+                    elif step + 1 >= budget[i]:
+                        stop[i] = "length"
+            if all(s is not None for s in stop):
+                break
+            step_ids = tokens[:, None]
+            step_pos = step_pos[:, -1:] + 1
+            attention = torch.cat([attention, attention.new_ones((batch_size, 1))], dim=1)
         return [
             GenerationResult(
                 request_id=r.request_id,
@@ -120,41 +148,54 @@ class TorchRolloutEngine:
     def abort(self) -> int:
         """Stop in-flight generation; returns how many requests were in flight."""
         self._abort.set()
-        return self._in_flight
+        with self._state:
+            return self._in_flight
+
+    def _quiesce(self) -> None:
+        """Abort and wait until no batch decodes: every KV cache has been dropped then.
+
+        The caller holds ``_state`` and has already set the flag that keeps new batches out.
+        """
+        while self._in_flight:
+            self._abort.set()
+            self._state.wait(0.05)
 
     def sleep(self) -> None:
-        """Free the model's memory (weights move to a host-side copy) until ``wake_up``."""
-        with self._lock:
-            if self._offloaded is not None:
+        """Free the KV cache and move the weights to pinned host memory until ``wake_up``."""
+        with self._state:
+            if self._asleep:
                 return
-            # On a GPU this is where device memory is given back; tied weights share one
-            # Parameter, so named_parameters() (which de-duplicates) visits each storage once.
-            self._offloaded = {}
-            for name, param in self.model.named_parameters():
-                self._offloaded[name] = param.data
-                param.data = torch.empty(0, dtype=param.dtype)
+            self._asleep = True
+            self._quiesce()
+            if self.device != HOST:
+                _move_weights(self.model, HOST)
+                torch.cuda.empty_cache()
 
     def wake_up(self) -> None:
-        with self._lock:
-            if self._offloaded is None:
+        with self._state:
+            if not self._asleep:
                 return
-            state, self._offloaded = self._offloaded, None
-            for name, param in self.model.named_parameters():
-                param.data = state[name]
+            if self.device != HOST:
+                _move_weights(self.model, self.device)
+            self._asleep = False
 
     def release_kv_cache(self) -> None:
-        """Keep weights, drop cache memory (the built-in engine keeps no cache between calls)."""
-        self._kv_released = True
+        """Keep weights, free the KV cache: abort and wait until no batch holds one."""
+        with self._state:
+            self._kv_released = True
+            self._quiesce()
 
     def resume_kv_cache(self) -> None:
-        self._kv_released = False
+        with self._state:
+            self._kv_released = False
 
     def reset_prefix_cache(self) -> None:
         """No prefix cache survives a request here, so nothing from an old version can leak."""
         return None
 
+    # -- weights ------------------------------------------------------------------------
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        """Load HF-named tensors in place and start serving ``version``."""
+        """Load HF-named tensors in place (on the device, or on the host while asleep); serve ``version``."""
         with torch.no_grad():
             for dest, tensor in self._storages("update_weights", named_tensors):
                 dest.copy_(tensor)
@@ -167,17 +208,33 @@ class TorchRolloutEngine:
                 write_entries(dest, index, values)
         self.version = version
 
-    def _storages(self, caller: str, items: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
-        """(storage, *rest) for every (HF name, *rest) item.
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named tensors as loaded; tied weights appear under each of their names."""
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach()
 
-        While asleep, a tied alias (lm_head.weight) has no storage of its own and is skipped.
-        """
-        offloaded = self._offloaded
-        # keep_vars: tied weights appear under every name they are known by
-        storages = offloaded if offloaded is not None else self.model.state_dict(keep_vars=True)
+    def _storages(self, caller: str, items: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+        """(storage, *rest) for every (HF name, *rest) item."""
+        storages = self.model.state_dict(keep_vars=True)  # tied weights under every name
         for name, *rest in items:
             dest = storages.get(name)
-            if dest is not None:
-                yield dest, *rest
-            elif offloaded is None:
+            if dest is None:
                 raise KeyError(f"{caller}: the rollout model has no tensor named {name!r}")
+            yield dest, *rest
+
+
+def _move_weights(model: torch.nn.Module, device: torch.device) -> None:
+    """Move parameters and buffers to ``device`` in place (pinned when it is the host).
+
+    ``parameters()`` and ``buffers()`` de-duplicate, so a tied weight moves once and stays
+    tied; the old storage is freed as soon as its last reference (``.data``) is replaced.
+    """
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            if device == HOST:
+                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
+                tensor.data = host.copy_(tensor)
+            else:
+                tensor.data = tensor.data.to(device, non_blocking=True)
+    if device != HOST:
+        torch.cuda.synchronize(device)

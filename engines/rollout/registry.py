@@ -1,0 +1,49 @@
+"""The rollout engines a config can name (``rollout.engine``): one explicit table.
+
+Each entry is a builder that imports its engine when called, so that naming an engine in a
+config (and validating the name) never imports a heavy backend such as sglang. A new engine
+is one builder and one ``register`` line here; the conformance suite then runs against it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Protocol
+
+from pydantic import AfterValidator
+
+from rl_train.registry import Registry
+
+if TYPE_CHECKING:
+    from rl_train.engines.rollout.protocol import RolloutEngine
+
+
+class RolloutEngineBuilder(Protocol):
+    def __call__(self, model_path: str | Path, *, seed: int, device: str) -> RolloutEngine: ...
+
+
+def _build_torch(model_path: str | Path, *, seed: int, device: str) -> RolloutEngine:
+    from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
+
+    return TorchRolloutEngine(model_path, seed=seed, device=device)
+
+
+ROLLOUT_ENGINES: Registry[RolloutEngineBuilder] = Registry("rollout engine")
+ROLLOUT_ENGINES.register("torch")(_build_torch)
+
+
+def build_rollout_engine(
+    name: str, model_path: str | Path, *, seed: int = 0, device: str = "cpu"
+) -> RolloutEngine:
+    """The engine registered as ``name``, loaded from the HF-format policy at ``model_path``."""
+    return ROLLOUT_ENGINES.get(name)(model_path, seed=seed, device=device)
+
+
+def _known_rollout_engine(name: str) -> str:
+    if name not in ROLLOUT_ENGINES:
+        raise ValueError(f"unknown rollout engine {name!r}; available: {', '.join(ROLLOUT_ENGINES.names())}")
+    return name
+
+
+RolloutEngineName = Annotated[str, AfterValidator(_known_rollout_engine)]
+"""A config field holding a registered rollout engine name, checked at load."""
