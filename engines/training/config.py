@@ -7,9 +7,12 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rl_train.algorithms.config import PolicyLossConfig
+from rl_train.engines.training.registry import TrainingEngineName
 
 
 class ActorConfig(PolicyLossConfig):
+    engine: TrainingEngineName = "torch"
+    """Registered training engine (rl_train.engines.training.registry.TRAINING_ENGINES)."""
     lr: float = Field(1e-3, gt=0)
     """Peak learning rate of AdamW."""
     weight_decay: float = Field(0.0, ge=0)

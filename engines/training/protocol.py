@@ -1,11 +1,21 @@
-"""The training engine contract (R-4.1-4.3, R-4.6)."""
+"""The training engine contract (R-4.1-4.3, R-4.6, R-2.8).
+
+``TrainingEngine`` lists exactly what a trainer worker calls on its policy and reference
+engines. An engine joins by being registered in ``rl_train.engines.training.registry``; the
+conformance suite (tests/unit/test_engine_conformance.py) then checks its behaviour.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+from rl_train.engines.weight_sync.base import NamedTensors
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[Batch, Batch], tuple[torch.Tensor, float, dict[str, float]]]
@@ -14,18 +24,32 @@ LossFn = Callable[[Batch, Batch], tuple[torch.Tensor, float, dict[str, float]]]
 
 @runtime_checkable
 class TrainingEngine(Protocol):
-    def forward_backward_batch(
-        self, batch: Batch, loss_fn: LossFn | None, forward_only: bool
-    ) -> dict[str, object]:
-        """forward_only: per-token log-probs (and entropy) of the batch, no grad, eval mode.
-        Otherwise: zero_grad, forward/backward over micro-batches with the global
-        denominator, clip, optimizer step; returns the update's metrics."""
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The policy's tokenizer (the worker pads batches with its pad id)."""
         ...
 
-    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False) -> Batch:
+        """Forward only, no grad: per-token ``log_probs`` [B, T] of a right-padded batch
+        (and ``entropy`` if asked). ``pi_old``: under the weights pinned by
+        ``snapshot_pi_old``, or the current ones when none are pinned."""
+        ...
+
+    def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, object]:
+        """One optimizer step over the batch, cut into micro-batches: the update does not
+        depend on the cut (R-4.2). Returns the step's metrics."""
+        ...
+
+    def snapshot_pi_old(self) -> None:
+        """Pin the current weights as pi_old (R-2.8), kept off the device, until ``clear_pi_old``."""
+        ...
+
+    def clear_pi_old(self) -> None: ...
+
+    def export_weights(self) -> NamedTensors:
         """HF-named tensors for the rollout side (R-4.6)."""
         ...
 
-    def state_dict(self) -> dict[str, object]: ...
-
-    def load_state_dict(self, state: dict[str, object]) -> None: ...
+    def state_dict(self) -> dict[str, object]:
+        """Model, optimizer and scheduler state (a checkpoint)."""
+        ...

@@ -20,6 +20,7 @@ from rl_train.engines.model.tiny import load_policy
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.micro_batch import split_micro_batches
 from rl_train.engines.training.protocol import Batch, LossFn
+from rl_train.engines.training.snapshot import WeightSnapshots
 
 
 def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -70,6 +71,7 @@ class TorchTrainingEngine:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, horizon_steps))
         self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self._pi_old = WeightSnapshots()
 
     # -- forward / backward --------------------------------------------------------------
     def _forward(self, micro_batch: Batch, with_entropy: bool) -> Batch:
@@ -84,8 +86,18 @@ class TorchTrainingEngine:
         return out
 
     @torch.no_grad()
-    def compute_log_probs(self, batch: Batch, with_entropy: bool = False) -> Batch:
-        """Forward only, eval mode: per-token log-probs [B, T] (entropy too if asked)."""
+    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False) -> Batch:
+        """Forward only, eval mode: per-token log-probs [B, T] (entropy too if asked).
+
+        ``pi_old``: under the pinned pi_old weights when ``snapshot_pi_old`` pinned some
+        (swapped in for the pass and swapped back bitwise), else under the current ones.
+        """
+        if pi_old and self._pi_old.active:
+            with self._pi_old.swapped_in(self.model):
+                return self._log_probs(batch, with_entropy)
+        return self._log_probs(batch, with_entropy)
+
+    def _log_probs(self, batch: Batch, with_entropy: bool) -> Batch:
         self.model.eval()
         width = batch["input_ids"].shape[1]
         parts: dict[str, list[torch.Tensor]] = {}
@@ -166,6 +178,14 @@ class TorchTrainingEngine:
         metrics = self.forward_backward_batch(batch, loss_fn, forward_only=False)
         metrics.update(self.optimizer_step())
         return metrics
+
+    # -- pi_old (R-2.8) -----------------------------------------------------------------
+    def snapshot_pi_old(self) -> None:
+        """Pin the current weights as pi_old: a host copy, so the device never holds two."""
+        self._pi_old.save(self.model)
+
+    def clear_pi_old(self) -> None:
+        self._pi_old.clear()
 
     # -- export and state ---------------------------------------------------------------
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

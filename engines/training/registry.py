@@ -1,0 +1,66 @@
+"""The training engines a config can name (``actor.engine``): one explicit table.
+
+Each entry is a builder that imports its engine when called, so that naming an engine in a
+config (and validating the name) never imports a heavy backend such as megatron-core. A new
+engine is one builder and one ``register`` line here; the conformance suite then runs
+against it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Protocol
+
+from pydantic import AfterValidator
+
+from rl_train.registry import Registry
+
+if TYPE_CHECKING:
+    from rl_train.engines.training.config import ActorConfig
+    from rl_train.engines.training.protocol import TrainingEngine
+
+
+class TrainingEngineBuilder(Protocol):
+    def __call__(
+        self, model_path: str | Path, cfg: ActorConfig, horizon_steps: int, temperature: float, seed: int
+    ) -> TrainingEngine: ...
+
+
+def _build_torch(
+    model_path: str | Path, cfg: ActorConfig, horizon_steps: int, temperature: float, seed: int
+) -> TrainingEngine:
+    from rl_train.engines.training.torch_engine import TorchTrainingEngine
+
+    return TorchTrainingEngine(model_path, cfg, horizon_steps, temperature, seed)
+
+
+TRAINING_ENGINES: Registry[TrainingEngineBuilder] = Registry("training engine")
+TRAINING_ENGINES.register("torch")(_build_torch)
+
+
+def build_training_engine(
+    name: str,
+    model_path: str | Path,
+    cfg: ActorConfig,
+    horizon_steps: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> TrainingEngine:
+    """The engine registered as ``name``: the policy at ``model_path`` with ``cfg``'s optimizer.
+
+    ``horizon_steps`` is the LR schedule's length in optimizer steps; ``temperature`` the
+    one rollout samples at, which the log-probs divide the logits by.
+    """
+    return TRAINING_ENGINES.get(name)(model_path, cfg, horizon_steps, temperature, seed)
+
+
+def _known_training_engine(name: str) -> str:
+    if name not in TRAINING_ENGINES:
+        raise ValueError(
+            f"unknown training engine {name!r}; available: {', '.join(TRAINING_ENGINES.names())}"
+        )
+    return name
+
+
+TrainingEngineName = Annotated[str, AfterValidator(_known_training_engine)]
+"""A config field holding a registered training engine name, checked at load."""
