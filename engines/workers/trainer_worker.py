@@ -14,7 +14,6 @@ from rl_train.algorithms.actor_loss import build_actor_loss_fn
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.nonfinite import NonFiniteStepGuard
 from rl_train.engines.training.registry import build_training_engine
-from rl_train.engines.training.snapshot import WeightSnapshots
 from rl_train.engines.weight_sync.base import WeightSender
 from rl_train.engines.weight_sync.boundaries import run_sender
 from rl_train.storage.records import collate, scatter_response
@@ -40,7 +39,9 @@ class TrainerWorker:
         dist_address: str | None = None,
         with_reference: bool = False,
         tool_env: dict[str, Any] | None = None,
+        rollout_engine: str = "torch",
     ) -> None:
+        """``rollout_engine``, ``tool_env``: what the spare rescue engine is built as and meets."""
         self.cfg = ActorConfig.model_validate(actor)
         torch.set_num_threads(self.cfg.num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
@@ -64,9 +65,8 @@ class TrainerWorker:
         self.tq = tq
         self.sender: WeightSender | None = None
         self.model_path, self.seed = model_path, seed
-        self.pi_old = WeightSnapshots()
         self.spare: Any = None
-        self.tool_env = tool_env
+        self.tool_env, self.rollout_engine = tool_env, rollout_engine
         self._frozen: tuple[int, list[tuple[str, torch.Tensor]]] = (-1, [])
         self._frozen_ready = threading.Condition()
 
@@ -83,11 +83,7 @@ class TrainerWorker:
         assert engine is not None, "this rank was built without a reference model"
         records = self._records(partition, keys, [])
         batch = collate(records, self.pad_token_id)
-        if out_field == "old_log_probs" and self.pi_old.active:
-            with self.pi_old.swapped_in(self.engine.model):
-                log_probs = engine.compute_log_probs(batch)["log_probs"]
-        else:
-            log_probs = engine.compute_log_probs(batch)["log_probs"]
+        log_probs = engine.compute_log_probs(batch, pi_old=out_field == "old_log_probs")["log_probs"]
         values = scatter_response(log_probs, records)
         ray.get(self.tq.put.remote(partition, {k: {out_field: v} for k, v in zip(keys, values, strict=True)}))
         return len(keys)
@@ -160,10 +156,10 @@ class TrainerWorker:
     # -- separate_async: pi_old slot and the spare rollout engine ----------------------
     def snapshot_pi_old(self) -> None:
         """Slot 0 (R-2.8): old_log_prob uses these weights until ``clear_pi_old``."""
-        self.pi_old.save(self.engine.model)
+        self.engine.snapshot_pi_old()
 
     def clear_pi_old(self) -> None:
-        self.pi_old.clear()
+        self.engine.clear_pi_old()
 
     def rescue_generate(
         self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any], version: int
@@ -174,7 +170,12 @@ class TrainerWorker:
 
         if self.spare is None:
             self.spare = RolloutWorker(
-                self.model_path, self.tq, self.seed + 7919, self.cfg.num_threads, self.tool_env
+                self.model_path,
+                self.tq,
+                self.seed + 7919,
+                self.cfg.num_threads,
+                self.tool_env,
+                engine=self.rollout_engine,
             )
         self.spare.wake_up()
         try:
