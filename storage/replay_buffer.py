@@ -12,10 +12,17 @@ with gradient are ready, dispatch stops (draining) and ``sample`` discards the s
 ``replay.max_filter_rounds`` rounds, groups without gradient fill what is still missing (they
 contribute zero advantage) and are counted as ``replay/filter_shortfall``, so a policy that
 solves everything slows down instead of stalling.
+
+Rollout failures: a replica whose ``generate_prompts`` raises (or dies) does not end the run.
+Every group of the round that did not finish is retried as it is, or evicted and replaced by
+one fresh prompt with ``replay.refill_failed_groups``; the round's errors are counted in
+``rollout/generation_errors`` and logged. Only ``replay.max_failure_rounds`` rounds in a row
+with a failure stop the run (``RolloutFailedError``): a broken engine must not loop forever.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from typing import Any
@@ -25,6 +32,17 @@ from rl_train.storage.handles import call, submit, wait_all
 from rl_train.storage.replay_base import ReplayBufferBase
 
 PARTITION = "train"
+logger = logging.getLogger(__name__)
+
+
+class RolloutFailedError(RuntimeError):
+    """Generation failed ``replay.max_failure_rounds`` rounds in a row: rollout cannot go on."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line: a Ray task error carries the remote traceback, whose last line names the cause."""
+    lines = str(exc).strip().splitlines()
+    return lines[-1].strip() if len(lines) > 1 else f"{type(exc).__name__}: {exc}"
 
 
 class ReplayBuffer(ReplayBufferBase):
@@ -57,21 +75,87 @@ class ReplayBuffer(ReplayBufferBase):
         return ready
 
     def _generate(self, num_groups: int, step: int) -> list[str]:
+        """Draw ``num_groups`` prompts and generate them; failed groups are retried or refilled
+        until a round has no failure. Returns the finished groups (refills replace evictions)."""
+        keys = self._put_prompts(num_groups, step)
+        done: list[str] = []
+        failed_rounds = 0
+        while True:
+            failed, errors = self._generate_round(keys)
+            failed_set = set(failed)
+            done += [k for k in keys if k not in failed_set]
+            if not failed:
+                return done
+            failed_rounds += 1
+            self._report_failures(failed_rounds, len(failed), len(keys), errors)
+            keys = self._recover(failed, step)
+
+    def _report_failures(
+        self, failed_rounds: int, num_failed: int, num_groups: int, errors: list[str]
+    ) -> None:
+        """Count and log a round's failures; raise ``RolloutFailedError`` at the limit of rounds in a row."""
+        self._counts["generation_errors"] += len(errors)
+        first = errors[0] if errors else "the groups were left unfinished without an error"
+        limit = self.cfg.max_failure_rounds
+        if failed_rounds >= limit:
+            raise RolloutFailedError(
+                f"rollout failed {failed_rounds} generation rounds in a row (replay.max_failure_rounds "
+                f"= {limit}); last round: {num_failed} of {num_groups} groups failed. First error: "
+                f"{first}. Likely causes: a rollout replica that cannot generate (out of memory, "
+                "crashed or killed, a bad model.path), or prompts the engine rejects (too long), "
+                "which replay.refill_failed_groups=true would replace instead of retrying"
+            )
+        logger.warning(
+            "rollout: %d of %d groups failed (round %d of at most %d in a row); %s them. First error: %s",
+            num_failed,
+            num_groups,
+            failed_rounds,
+            limit,
+            "refilling" if self.cfg.refill_failed_groups else "retrying",
+            first,
+        )
+
+    def _put_prompts(self, num_groups: int, step: int) -> list[str]:
         taken = self.loader.take(num_groups)
         records = {f"p{index}": dict(row, prompt_step=step) for index, row in taken}
         tags = {key: {"kind": "prompt", "status": "pending", "step": step} for key in records}
         call(self.tq, "put", PARTITION, records, tags)
-        keys = list(records)
+        return list(records)
+
+    def _generate_round(self, keys: list[str]) -> tuple[list[str], list[str]]:
+        """Every replica generates its shard at once, then each is awaited on its own, so one
+        failing replica does not hide the others' results. Returns (groups not finished, errors)."""
         shards = [keys[i :: len(self.rollouts)] for i in range(len(self.rollouts))]
-        # every replica generates at once, then each is awaited
-        wait_all(
-            [
-                submit(r, "generate_prompts", PARTITION, s, self.n, self.sampling)
-                for r, s in zip(self.rollouts, shards, strict=True)
-                if s
-            ]
-        )
-        return keys
+        pending: list[Any] = []
+        errors: list[str] = []
+        for replica, shard in zip(self.rollouts, shards, strict=True):
+            if shard:
+                try:  # a plain (non-Ray) replica runs, and raises, right here
+                    pending.append(
+                        submit(replica, "generate_prompts", PARTITION, shard, self.n, self.sampling)
+                    )
+                except Exception as exc:
+                    errors.append(describe_error(exc))
+        for ref in pending:
+            try:
+                wait_all([ref])
+            except Exception as exc:  # a Ray task error, or a replica that died
+                errors.append(describe_error(exc))
+        tags = call(self.tq, "get_tags", PARTITION, keys)
+        return [k for k, t in zip(keys, tags, strict=True) if t.get("status") != "finished"], errors
+
+    def _recover(self, failed: list[str], step: int) -> list[str]:
+        """The groups to generate next: fresh prompts for the evicted ones with
+        ``replay.refill_failed_groups``, else the same prompts, their partial output dropped."""
+        if self.cfg.refill_failed_groups:
+            self._delete(failed)
+            self._counts["evicted_failure"] += len(failed)
+            self._counts["refill"] += len(failed)
+            return self._put_prompts(len(failed), step)
+        call(self.tq, "delete", PARTITION, trajectory_keys(failed, self.n))
+        call(self.tq, "set_tags", PARTITION, {k: {"status": "pending", "partial": False} for k in failed})
+        self._counts["retried_failure"] += len(failed)
+        return failed
 
     def sample(self, num_groups: int, step: int) -> str:
         """A batch of ``num_groups`` complete groups (oldest first); returns its batch id.
@@ -109,9 +193,12 @@ class ReplayBuffer(ReplayBufferBase):
         call(self.tq, "drop_batch", batch_id)
 
     def pop_metrics(self) -> dict[str, float]:
-        """The DAPO filter's figures since the last call (zeros when it is off)."""
+        """The DAPO filter's and the rollout failures' figures since the last call."""
         names = ("evicted_filter", "refill", "discarded_surplus", "filter_shortfall")
         metrics = {f"replay/{name}": float(self._counts[name]) for name in names}
+        metrics["replay/evicted_failure"] = float(self._counts["evicted_failure"])
+        metrics["replay/retried_failure"] = float(self._counts["retried_failure"])
+        metrics["rollout/generation_errors"] = float(self._counts["generation_errors"])
         self._counts.clear()
         return metrics
 

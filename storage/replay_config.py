@@ -1,6 +1,7 @@
-"""``replay.*``: the replay buffer of the async modes (R-2.9, R-7.2, R-7.3, R-9.4).
+"""``replay.*``: the replay buffers (R-2.9, R-7.2, R-7.3, R-9.4).
 
-The sync mode's buffer ignores these knobs except ``sampler``; staleness is 0 there.
+The sync mode's buffer reads the DAPO filter, the failure and ``sampler`` knobs; staleness is
+0 there, so the staleness, prefetch and rescue knobs belong to the async modes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class ReplayConfig(StrictModel):
     """sync DAPO filter: generation rounds per batch; then groups without gradient fill what is missing."""
     refill_failed_groups: bool = False
     """Evict failed groups and draw fresh prompts for them (off: a failed prompt is retried as it is)."""
+    max_failure_rounds: int = Field(3, ge=1)
+    """sync: generation rounds in a row with a failed group before the run stops, so a broken rollout engine fails fast (async: sample_timeout_seconds bounds it)."""
     prefetch_batches: int = Field(1, ge=0)
     """Batches kept in flight beyond the one being sampled (the warm-up dispatch of the async modes)."""
     sample_timeout_seconds: float = Field(300.0, gt=0)

@@ -64,6 +64,9 @@ def test_filter_evicts_k_refills_2k_then_drains_and_discards_the_surplus() -> No
         "replay/refill": 4.0,  # 2 x 2 after round 1; none after round 2 (drained)
         "replay/discarded_surplus": 1.0,
         "replay/filter_shortfall": 0.0,
+        "replay/evicted_failure": 0.0,
+        "replay/retried_failure": 0.0,
+        "rollout/generation_errors": 0.0,
     }
 
 
