@@ -24,6 +24,9 @@ Prompts that have no tokens yet are as old as the version served when they were 
 - ``wait``: sampling blocks while any pending/running prompt has staleness at or above the
   threshold; nothing is evicted for staleness.
 - DAPO filter (opt-in): groups without gradient (R-7.3) are evicted and refilled.
+- Failed groups (a replica's background generation raised) are retried as they are, or
+  evicted and refilled with ``refill_failed_groups``; the run goes on. A rollout that keeps
+  failing is bounded by ``sample_timeout_seconds``, whose error then says so.
 - Groups are sampled oldest first (oldest token version, then dispatch order).
 - Only the ``train`` partition is read or evicted; validation records are never touched.
 """
@@ -78,6 +81,7 @@ class ReplayBufferAsync(ReplayBufferBase):
         self._staleness: list[int] = []
         self._wait_seconds = 0.0
         self._depth = 0
+        self._failed_while_waiting = 0
         self.rescue: Callable[[list[str]], Any] | None = None
         """Set by a mode with a spare engine: generates the given pending prompt groups now (R-2.7)."""
 
@@ -129,9 +133,11 @@ class ReplayBufferAsync(ReplayBufferBase):
                 raise SampleTimeoutError(
                     f"replay buffer: {len(ready)} of {num_groups} groups ready after {waited:.1f}s"
                     + (" (waiting on a prompt at the staleness limit)" if blocked else "")
+                    + self._failures_note()
                 )
             time.sleep(self.cfg.poll_interval_seconds)
         self._wait_seconds += time.monotonic() - started
+        self._failed_while_waiting = 0
         groups = ready[:num_groups]
         self._sampled.update(groups)
         self._staleness += [(step - 1) - self._versions[g] for g in groups]
@@ -197,8 +203,18 @@ class ReplayBufferAsync(ReplayBufferBase):
         self._has_gradient.update(groups_with_gradient(self.tq, self.rewards, PARTITION, new, self.n))
         return {g: self._has_gradient[g] for g in groups}
 
+    def _failures_note(self) -> str:
+        if not self._failed_while_waiting:
+            return ""
+        action = "refilled" if self.cfg.refill_failed_groups else "retried"
+        return (
+            f"; {self._failed_while_waiting} group(s) failed meanwhile and were {action}: rollout "
+            "generation keeps failing (see rollout/generation_errors and the replicas' logs)"
+        )
+
     def _handle_failed(self, groups: list[str]) -> int:
         """Evict failed groups (refilled), or retry the same prompts when refill is off."""
+        self._failed_while_waiting += len(groups)
         if self.cfg.refill_failed_groups:
             return self._evict(groups, "failure")
         for group in groups:
