@@ -37,7 +37,9 @@ class TrainingEngine(Protocol):
 
     def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, object]:
         """One optimizer step over the batch, cut into micro-batches: the update does not
-        depend on the cut (R-4.2). Returns the step's metrics."""
+        depend on the cut (R-4.2). Returns the step's metrics, among them
+        ``actor/nonfinite_steps``: 1.0 when a NaN/inf grad norm skipped the step, else 0.0
+        (the worker stops a run after ``actor.max_nonfinite_steps_in_row`` skips)."""
         ...
 
     def snapshot_pi_old(self) -> None:
