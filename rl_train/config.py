@@ -29,6 +29,8 @@ class RunConfig(StrictModel):
     """Where run directories (metrics.jsonl, resolved config) are written: a path or s3:// URI."""
     seed: int = 0
     """Seed of sampling, shuffling and model init."""
+    overwrite: bool = False
+    """Replace a previous run's metrics in the run directory; off, a reused run.name is refused."""
 
 
 class ModelConfig(StrictModel):
