@@ -22,7 +22,9 @@ Prompts that have no tokens yet are as old as the version served when they were 
 - ``drop``: finished groups whose staleness exceeds ``max_off_policy_threshold`` are evicted
   and refilled.
 - ``wait``: sampling blocks while any pending/running prompt has staleness at or above the
-  threshold; nothing is evicted for staleness.
+  threshold, so a late prompt is trained at the limit rather than dropped past it. A group
+  that is already finished and past the threshold (it aged in a prefetch queue deeper than
+  the bound) is evicted as under ``drop``: no wait makes it fresher.
 - DAPO filter (opt-in): groups without gradient (R-7.3) are evicted and refilled.
 - Failed groups (a replica's background generation raised) are retried as they are, or
   evicted and refilled with ``refill_failed_groups``; the run goes on. A rollout that keeps
@@ -175,9 +177,8 @@ class ReplayBufferAsync(ReplayBufferBase):
                 blocked |= spec_staleness(trainer_version, tag.get("version", trainer_version)) >= limit
         evicted = self._handle_failed(failed)
         versions = self._group_versions(finished)
-        if self.cfg.staleness_strategy == "drop":
-            stale = [k for k in finished if spec_staleness(trainer_version, versions[k]) > limit]
-            evicted += self._evict(stale, "staleness")
+        stale = [k for k in finished if spec_staleness(trainer_version, versions[k]) > limit]
+        evicted += self._evict(stale, "staleness")  # both strategies: the bound holds
         ready = [k for k in finished if k in self._versions]
         if self.cfg.filter_groups:
             no_gradient = [k for k, ok in self._classify(ready).items() if not ok]
