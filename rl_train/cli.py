@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from rl_train.runtime import apply_local_defaults
 
 apply_local_defaults()  # before Prefect is first imported; the user's own settings win
 
-from rl_train.config import ConfigError, config_to_yaml, describe_fields, load_config  # noqa: E402
+from rl_train.config import Config, ConfigError, config_to_yaml, describe_fields, load_config  # noqa: E402
 
 EPILOG = """examples:
   rl-train train --config configs/arith-tiny.yaml trainer.total_steps=50
@@ -67,8 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_docs() -> None:
+    from rl_train.storage.dataset import COLUMNS_DOC
+
     for path, default, doc in describe_fields():
         print(f"{path} = {default}\n    {doc}")
+    print(f"\n{COLUMNS_DOC}", end="")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +111,16 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
     from rl_train.storage.dataset import DatasetError
+    from rl_train.storage.metrics import RunDirectoryExistsError
 
+    try:
+        check_inputs(config)
+    except DatasetError as exc:
+        print(f"rl-train: bad dataset: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, RunDirectoryExistsError) as exc:
+        print(f"rl-train: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.no_prefect or not config.trainer.use_prefect:
             from rl_train.flows.train import run_training
@@ -123,6 +136,36 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def check_inputs(config: Config) -> None:
+    """Everything a user gets wrong first, checked before a flow run or Ray starts: the model
+    path, every dataset row (built-in data is written first) and that a reward function takes
+    its data_source, and the run directory.
+
+    Raises ``FileNotFoundError``, ``DatasetError`` or ``RunDirectoryExistsError``. The run
+    directory comes last: with ``run.overwrite`` it clears the previous run's metrics, which
+    only a run that is about to start may do.
+    """
+    from rl_train.engines.reward.rules import route_reward_fn
+    from rl_train.storage.dataset import load_prompts
+    from rl_train.storage.metrics import claim_run_dir
+
+    if not config.model.create_if_missing and not Path(config.model.path).exists():
+        raise FileNotFoundError(
+            f"model.path {config.model.path} does not exist (model.create_if_missing is off)"
+        )
+    data = config.data
+    needs_val = bool(config.trainer.val_every_steps or config.trainer.val_before_train)
+    files = data.resolved_train_files() + data.resolved_val_files()
+    if data.builtin_task and not all(Path(p).exists() for p in files):  # as the trainer would
+        from rl_train.storage.builtin_data import write_builtin_task
+
+        write_builtin_task(data.builtin_task, data.data_dir, seed=config.run.seed)
+    load_prompts(data.resolved_train_files(), check_data_source=route_reward_fn)
+    if needs_val:
+        load_prompts(data.resolved_val_files(), check_data_source=route_reward_fn)
+    claim_run_dir(f"{config.run.output_dir.rstrip('/')}/{config.run.name}", config.run.overwrite)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 """Prompt datasets: Parquet or JSONL files with ``prompt``, ``data_source`` and ``ground_truth``.
 
 Extra columns are kept and travel with the prompt. Every row is checked before a run
-starts; a bad row is reported as ``file:row N: column 'x': problem``.
+starts; a bad row is reported as ``file:row N: column 'x': problem`` (N counts Parquet rows
+from 1, and is the line number in a JSONL file). ``COLUMNS_DOC`` is the user-facing schema
+(printed by ``rl-train config --docs``).
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,16 +19,31 @@ import pyarrow.parquet as pq
 
 REQUIRED_COLUMNS = ("prompt", "data_source", "ground_truth")
 
+COLUMNS_DOC = """\
+Dataset files (data.train_files, data.val_files): Parquet (.parquet) or JSON Lines
+(.jsonl/.json, one object per line), one row per prompt. Every row is checked before a run
+starts, and a bad one is reported as file:row N.
+  prompt        required, non-empty string: the text the policy continues.
+  data_source   required, non-empty string: routes the row to its reward function, by exact
+                name or by its longest registered prefix before a '/' ('arith/single_digit_sum'
+                uses 'arith').
+  ground_truth  required, string or number (read as a string): what the reward function
+                compares the response with.
+  any other     optional: kept with the row and carried along with its prompt.
+"""
+"""The dataset columns as ``rl-train config --docs`` prints them."""
+
 
 class DatasetError(ValueError):
     """A dataset file is missing, unreadable or has a malformed row."""
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
+def _read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(row number, row) of every row: Parquet rows count from 1, JSONL rows by line number."""
     if not path.exists():
         raise DatasetError(f"{path}: no such dataset file")
     if path.suffix == ".parquet":
-        return pq.read_table(path).to_pylist()
+        return list(enumerate(pq.read_table(path).to_pylist(), start=1))
     if path.suffix in (".jsonl", ".json"):
         rows = []
         with path.open(encoding="utf-8") as handle:
@@ -40,7 +58,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
                     raise DatasetError(
                         f"{path}:row {line_no}: expected a JSON object, got {type(row).__name__}"
                     )
-                rows.append(row)
+                rows.append((line_no, row))
         return rows
     raise DatasetError(f"{path}: unsupported dataset format {path.suffix!r}; use .parquet or .jsonl")
 
@@ -63,13 +81,25 @@ def validate_row(row: dict[str, Any], path: Path, row_no: int) -> None:
         )
 
 
-def load_prompts(paths: list[str | Path]) -> list[dict[str, Any]]:
-    """All rows of ``paths``, validated; ``ground_truth`` normalised to a string."""
+def load_prompts(
+    paths: list[str | Path], check_data_source: Callable[[str], object] | None = None
+) -> list[dict[str, Any]]:
+    """All rows of ``paths``, validated; ``ground_truth`` normalised to a string.
+
+    ``check_data_source`` (the reward routing, given by the caller so that storage does not
+    import engines) raises ``KeyError`` or ``ValueError`` for a data_source nothing can score;
+    that is reported as a bad row here, not as a failed reward task mid-run.
+    """
     rows: list[dict[str, Any]] = []
     for raw in paths:
         path = Path(raw)
-        for row_no, row in enumerate(_read_rows(path), start=1):
+        for row_no, row in _read_rows(path):
             validate_row(row, path, row_no)
+            if check_data_source is not None:
+                try:
+                    check_data_source(row["data_source"])
+                except (KeyError, ValueError) as exc:
+                    raise DatasetError(f"{path}:row {row_no}: column 'data_source': {exc}") from None
             rows.append({**row, "ground_truth": str(row["ground_truth"])})
     if not rows:
         raise DatasetError(f"no rows in {', '.join(map(str, paths))}")
