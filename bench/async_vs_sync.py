@@ -63,7 +63,7 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
         "rollout.tool_env.name=long_tail_sandbox",
         f"rollout.tool_env.latency_median_seconds={args.median_seconds}",
         f"rollout.tool_env.latency_sigma={args.sigma}",
-        f"run.name=async-vs-sync-{mode}",
+        f"run.name=async-vs-sync-{mode}-{time.strftime('%Y%m%d-%H%M%S')}",  # never reuse a run dir
         f"run.output_dir={args.output_dir}",
     ]
     if mode == "separate_async":  # the standalone pool gets its own share of the cores

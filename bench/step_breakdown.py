@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = [
         *PRESETS[args.preset],
         "trainer.val_before_train=false",
-        "run.name=bench-steps",
+        f"run.name=bench-steps-{time.strftime('%Y%m%d-%H%M%S')}",  # never reuse a run dir
         *args.overrides,
     ]
     config = load_config(args.config, overrides)

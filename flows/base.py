@@ -71,7 +71,7 @@ class BaseTrainer(ABC):
         train_prompts = load_prompts(self.config.data.resolved_train_files())
         if self.config.trainer.val_every_steps or self.config.trainer.val_before_train:
             load_prompts(self.config.data.resolved_val_files())  # fail now, not at the first validation
-        self.metrics = MetricsWriter(self.run_dir)
+        self.metrics = MetricsWriter(self.run_dir, overwrite=self.config.run.overwrite)
         ensure_ray(self.config.ray.address, self.config.ray.num_cpus)
         pools = WorkerPools.create(self.run_id, self.config, self.worker_classes)
         try:
