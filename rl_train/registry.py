@@ -31,6 +31,18 @@ class Registry(Generic[T]):
         self._modules: dict[str, ModuleType | None] = {}
         """Name -> the module object that defined the registered object, when it was registered."""
 
+    @classmethod
+    def from_table(cls, kind: str, table: dict[str, T]) -> Registry[T]:
+        """A registry filled from an explicit ``{name: implementation}`` table.
+
+        The built-in registries are built this way, in the module that imports every
+        implementation, so implementation modules never import their registry back (no
+        import cycles, no registration by import side effect). Users still ``register``."""
+        registry = cls(kind)
+        for name, obj in table.items():
+            registry.register(name)(obj)
+        return registry
+
     def register(self, name: str, *aliases: str) -> Callable[[T], T]:
         """Decorator: register the decorated object under ``name`` (and aliases).
 

@@ -22,35 +22,30 @@ import torch
 from rl_train.registry import Registry
 
 Aggregator = Callable[[torch.Tensor, torch.Tensor, float | None], tuple[torch.Tensor, float]]
-AGGREGATORS: Registry[Aggregator] = Registry("loss_agg_mode")
 
 
 def _num_seqs(mask: torch.Tensor) -> float:
     return float((mask.sum(dim=-1) > 0).sum())
 
 
-@AGGREGATORS.register("token-mean")
 def _token_mean(
     loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
 ) -> tuple[torch.Tensor, float]:
     return (loss * mask).sum(), float(mask.sum())
 
 
-@AGGREGATORS.register("token-sum")
 def _token_sum(
     loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
 ) -> tuple[torch.Tensor, float]:
     return (loss * mask).sum(), 0.0
 
 
-@AGGREGATORS.register("seq-mean-token-sum")
 def _seq_mean_token_sum(
     loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
 ) -> tuple[torch.Tensor, float]:
     return (loss * mask).sum(), _num_seqs(mask)
 
 
-@AGGREGATORS.register("seq-mean-token-mean")
 def _seq_mean_token_mean(
     loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
 ) -> tuple[torch.Tensor, float]:
@@ -63,7 +58,6 @@ def needs_norm_length(aggregator: Aggregator) -> bool:
     return bool(getattr(aggregator, "needs_norm_length", False))
 
 
-@AGGREGATORS.register("seq-mean-token-sum-norm")
 def _seq_mean_token_sum_norm(
     loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
 ) -> tuple[torch.Tensor, float]:
@@ -76,6 +70,16 @@ def _seq_mean_token_sum_norm(
 _seq_mean_token_sum_norm.needs_norm_length = True  # type: ignore[attr-defined]
 
 
+AGGREGATORS: Registry[Aggregator] = Registry.from_table(
+    "loss_agg_mode",
+    {
+        "token-mean": _token_mean,
+        "token-sum": _token_sum,
+        "seq-mean-token-sum": _seq_mean_token_sum,
+        "seq-mean-token-mean": _seq_mean_token_mean,
+        "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+    },
+)
 LOSS_AGG_MODES = tuple(AGGREGATORS.names())
 
 

@@ -1,4 +1,4 @@
-"""KL estimators between the policy and a reference, per token, registered in ``KL_ESTIMATORS``.
+"""KL estimators between the policy and a reference, per token, in the ``KL_ESTIMATORS`` table.
 
 With log_ratio = log_prob - ref_log_prob (raw: only k3 exponentiates, and bounds it there):
 k1 = log_ratio; abs = |log_ratio|; k2 = mse = 0.5 * log_ratio^2;
@@ -18,27 +18,25 @@ from rl_train.registry import Registry
 K3_BOUND = 10.0
 
 KlFn = Callable[[torch.Tensor], torch.Tensor]
-KL_ESTIMATORS: Registry[KlFn] = Registry("KL estimator")
-
-
-@KL_ESTIMATORS.register("k1")
 def _k1(log_ratio: torch.Tensor) -> torch.Tensor:
     return log_ratio
 
 
-@KL_ESTIMATORS.register("abs")
 def _abs(log_ratio: torch.Tensor) -> torch.Tensor:
     return log_ratio.abs()
 
 
-@KL_ESTIMATORS.register("k2", "mse")
 def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
     return 0.5 * log_ratio.square()
 
 
-@KL_ESTIMATORS.register("k3", "low_var_kl")
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return (bounded_exp(-log_ratio) - 1 + log_ratio).clamp(-K3_BOUND, K3_BOUND)
+
+
+KL_ESTIMATORS: Registry[KlFn] = Registry.from_table(
+    "KL estimator", {"k1": _k1, "abs": _abs, "k2": _k2, "mse": _k2, "k3": _k3, "low_var_kl": _k3}
+)
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:

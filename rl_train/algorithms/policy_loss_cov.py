@@ -13,7 +13,7 @@ import torch
 from rl_train.algorithms.config import PolicyLossConfig
 from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.algorithms.masked import masked_mean
-from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, log_ratio_of, with_is_weights
+from rl_train.algorithms.policy_loss_base import PolicyLossInputs, log_ratio_of, with_is_weights
 
 Metrics = dict[str, torch.Tensor]
 
@@ -29,7 +29,6 @@ def _num_selected(fraction: float, mask: torch.Tensor) -> int:
     return max(1, int(fraction * float(mask.sum())))
 
 
-@POLICY_LOSSES.register("clip_cov")
 def compute_clip_cov_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """Clip-Cov: PPO clip, plus detach the gradient of a random clip_cov_ratio fraction of tokens
     whose covariance lies in (clip_cov_lb, clip_cov_ub) and that the ratio clip left alone.
@@ -56,7 +55,6 @@ def compute_clip_cov_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tu
     return with_is_weights(per_token, inputs), metrics
 
 
-@POLICY_LOSSES.register("kl_cov")
 def compute_kl_cov_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """KL-Cov: unclipped -A * r everywhere; the top kl_cov_ratio fraction of tokens by covariance
     additionally pays kl_cov_coef * |log pi - log pi_old|.

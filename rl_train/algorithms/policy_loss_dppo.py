@@ -24,7 +24,7 @@ import torch
 from rl_train.algorithms.config import PolicyLossConfig
 from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.algorithms.masked import masked_mean
-from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, log_ratio_of, with_is_weights
+from rl_train.algorithms.policy_loss_base import PolicyLossInputs, log_ratio_of, with_is_weights
 
 Metrics = dict[str, torch.Tensor]
 PROB_EPS = 1e-6
@@ -67,13 +67,11 @@ def _dppo_loss(
     return with_is_weights(per_token, inputs), metrics
 
 
-@POLICY_LOSSES.register("dppo_tv")
 def compute_dppo_tv_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """DPPO with the binary total-variation region (radius dppo_tv_threshold), ratio truncated at c."""
     return _dppo_loss(inputs, binary_tv, cfg.dppo_tv_threshold, cfg.clip_ratio_c)
 
 
-@POLICY_LOSSES.register("dppo_kl")
 def compute_dppo_kl_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """DPPO with the binary KL region (radius dppo_kl_threshold), ratio truncated at c."""
     return _dppo_loss(inputs, binary_kl, cfg.dppo_kl_threshold, cfg.clip_ratio_c)

@@ -11,7 +11,7 @@ import torch
 from rl_train.algorithms.config import PolicyLossConfig
 from rl_train.algorithms.log_ratio import bounded_exp
 from rl_train.algorithms.masked import masked_mean
-from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, log_ratio_of, with_is_weights
+from rl_train.algorithms.policy_loss_base import PolicyLossInputs, log_ratio_of, with_is_weights
 
 Metrics = dict[str, torch.Tensor]
 GSPO_LOG_RATIO_MAX = 10.0
@@ -19,7 +19,6 @@ GSPO_LOG_RATIO_MAX = 10.0
 sequence ratio of e^10 is already far outside GSPO's 1e-4-wide clip range."""
 
 
-@POLICY_LOSSES.register("gspo")
 def compute_gspo_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """GSPO (Zheng et al. 2025): clip the sequence ratio s_i = exp(mean_t log r_it).
 
@@ -43,7 +42,6 @@ def compute_gspo_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[
     return with_is_weights(per_token, inputs), metrics
 
 
-@POLICY_LOSSES.register("geo_mean")
 def compute_geo_mean_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """GMPO (Zhao et al. 2025): maximise the geometric mean of token-clipped ratios.
 
@@ -68,7 +66,6 @@ def compute_geo_mean_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tu
     return with_is_weights(per_token, inputs), metrics
 
 
-@POLICY_LOSSES.register("sapo")
 def compute_sapo_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """SAPO (Gao et al. 2025): a soft sigmoid gate instead of the hard clip.
 
@@ -86,7 +83,6 @@ def compute_sapo_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[
     return with_is_weights(per_token, inputs), metrics
 
 
-@POLICY_LOSSES.register("cispo")
 def compute_cispo_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
     """CISPO (MiniMax-M1, 2025): -sg(clip(r, 1 - low, 1 + high)) * A * log pi.
 
