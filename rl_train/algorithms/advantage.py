@@ -45,6 +45,39 @@ AdvantageFn = Callable[[AdvantageInputs, AlgorithmConfig], tuple[torch.Tensor, t
 ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 
 
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an estimator reads beyond rewards, masks and groups.
+
+    The run's step plan and the config read this, so the phase that produces an input runs
+    exactly when the configured estimator reads it, and a config that cannot feed its
+    estimator fails at load instead of at the first advantage phase.
+    """
+
+    critic: bool = False
+    """``values`` from a critic: the values and critic_update phases run (R-3.1 steps 6 and 8)."""
+    greedy_baseline: bool = False
+    """``reward_baselines``: the reward of one greedy response per prompt (the greedy_baseline phase)."""
+
+
+_NEEDS: dict[AdvantageFn, EstimatorNeeds] = {}
+
+
+def requires(needs: EstimatorNeeds) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Declare what an estimator reads (goes right under its ``ADV_ESTIMATORS.register`` line)."""
+
+    def declare(fn: AdvantageFn) -> AdvantageFn:
+        _NEEDS[fn] = needs
+        return fn
+
+    return declare
+
+
+def estimator_needs(name: str) -> EstimatorNeeds:
+    """The needs declared by the estimator registered as ``name`` (none declared: none)."""
+    return _NEEDS.get(ADV_ESTIMATORS.get(name), EstimatorNeeds())
+
+
 def group_indices(group_ids: Sequence[str]) -> list[list[int]]:
     """Sample indices of each group, groups in first-seen order."""
     groups: dict[str, list[int]] = defaultdict(list)

@@ -8,7 +8,10 @@ Records hold response-only per-token lists (``rollout_log_probs``, ``old_log_pro
    out every step (whenever rollout log-probs exist, even with IS and RS off);
 2. the outcome reward on the last response token, minus ``beta * KL(old || ref)`` per kept token
    when ``algorithm.kl_in_reward`` is on (fixed or adaptive controller, state kept across steps);
-3. the registered advantage estimator, its result zeroed outside the RS mask.
+3. the registered advantage estimator, its result zeroed outside the RS mask. What it reads
+   beyond rewards comes from the records as the estimator declares (``EstimatorNeeds``):
+   critic ``values`` (GAE, which then also writes ``returns`` for the critic update) or each
+   trajectory's ``baseline_reward`` (ReMax's greedy baseline).
 
 Like verl, a rejected token or sequence keeps its outcome reward in the estimator's input, so a
 rejected sample still counts in its group's baseline; it is only its own advantage (and so its
@@ -23,7 +26,13 @@ from typing import Any
 
 import torch
 
-from rl_train.algorithms.advantage import ADV_ESTIMATORS, AdvantageFn, AdvantageInputs
+from rl_train.algorithms.advantage import (
+    ADV_ESTIMATORS,
+    AdvantageFn,
+    AdvantageInputs,
+    EstimatorNeeds,
+    estimator_needs,
+)
 from rl_train.algorithms.config import AlgorithmConfig
 from rl_train.algorithms.kl_controller import KLController, apply_kl_penalty_to_rewards, build_kl_controller
 from rl_train.algorithms.reward_placement import place_on_last_token
@@ -45,6 +54,8 @@ class AdvantagePhase:
     kl_controller: KLController | None
     """Set only with ``algorithm.kl_in_reward``; adaptive controllers carry beta across steps."""
     kl_penalty: str
+    needs: EstimatorNeeds = field(default_factory=EstimatorNeeds)
+    """What the estimator reads beyond rewards (critic values, greedy baselines)."""
     monitor: RunbookMonitor = field(default_factory=RunbookMonitor)
     """R-10.3 runbook warnings; one per run so that "rising" trends span steps."""
 
@@ -56,6 +67,7 @@ class AdvantagePhase:
             correction=RolloutCorrectionPlan.from_config(algorithm.rollout_correction),
             kl_controller=build_kl_controller(algorithm.kl_ctrl) if algorithm.kl_in_reward else None,
             kl_penalty=algorithm.kl_penalty,
+            needs=estimator_needs(algorithm.adv_estimator),
         )
 
     def compute(self, records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, float]]:
@@ -75,9 +87,19 @@ class AdvantagePhase:
                 rewards, old, ref, kept, self.kl_controller, self.kl_penalty
             )
             metrics.update(kl_metrics)
-        inputs = AdvantageInputs(rewards, mask, [r["group_id"] for r in records])
-        advantages = self.estimator(inputs, self.algorithm)[0] * kept
+        inputs = AdvantageInputs(
+            rewards,
+            mask,
+            [r["group_id"] for r in records],
+            values=self._critic_values(records),
+            reward_baselines=self._reward_baselines(records),
+        )
+        advantages, returns = self.estimator(inputs, self.algorithm)
+        advantages = advantages * kept
         updates: list[dict[str, Any]] = [{"advantages": a} for a in unpad_response(advantages, records)]
+        if self.needs.critic:  # the critic update's targets
+            for update, r in zip(updates, unpad_response(returns, records), strict=True):
+                update["returns"] = r
         if self.correction.rs_rules:
             for update, m in zip(updates, unpad_response(kept, records), strict=True):
                 update["response_mask"] = m
@@ -89,6 +111,27 @@ class AdvantagePhase:
         metrics["advantage/abs_mean"] = float(graded.abs().mean()) if graded.numel() else 0.0
         self.monitor.check(metrics)
         return updates, metrics
+
+    def _critic_values(self, records: Sequence[dict[str, Any]]) -> torch.Tensor | None:
+        if not self.needs.critic:
+            return None
+        values = optional_field(records, "values")
+        if values is None:
+            raise ValueError(
+                f"adv_estimator {self.algorithm.adv_estimator!r} needs critic values on every record: "
+                "the values phase must run first"
+            )
+        return values
+
+    def _reward_baselines(self, records: Sequence[dict[str, Any]]) -> torch.Tensor | None:
+        if not self.needs.greedy_baseline:
+            return None
+        if any("baseline_reward" not in r for r in records):
+            raise ValueError(
+                f"adv_estimator {self.algorithm.adv_estimator!r} needs baseline_reward on every record: "
+                "the greedy_baseline phase must run first"
+            )
+        return torch.tensor([float(r["baseline_reward"]) for r in records])
 
 
 def bypass_old_log_probs(records: Sequence[dict[str, Any]]) -> list[list[float]]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from rl_train.algorithms.advantage import ADV_ESTIMATORS, AdvantageInputs
+from rl_train.algorithms.advantage import ADV_ESTIMATORS, AdvantageInputs, EstimatorNeeds, requires
 from rl_train.algorithms.config import AlgorithmConfig
 from rl_train.algorithms.masked import masked_whiten
 
 
 @ADV_ESTIMATORS.register("gae")
+@requires(EstimatorNeeds(critic=True))
 def compute_gae_advantage(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE (Schulman et al. 2016), [B, T] in and out.
 
@@ -25,7 +26,7 @@ def compute_gae_advantage(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tupl
     are then whitened over the mask.
     """
     if inputs.values is None:
-        raise ValueError("adv_estimator 'gae' needs critic values (enable the critic phase)")
+        raise ValueError("adv_estimator 'gae' needs critic values (the values phase writes them)")
     rewards, values = inputs.token_level_rewards, inputs.values.to(inputs.token_level_rewards.dtype)
     mask = inputs.response_mask.bool()
     next_value = torch.zeros_like(rewards[:, 0])
@@ -64,13 +65,14 @@ def compute_reinforce_plus_plus_advantage(
 
 
 @ADV_ESTIMATORS.register("remax")
+@requires(EstimatorNeeds(greedy_baseline=True))
 def compute_remax_advantage(
     inputs: AdvantageInputs, cfg: AlgorithmConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al. 2023): undiscounted return-to-go minus the greedy response's reward."""
     if inputs.reward_baselines is None:
         raise ValueError(
-            "adv_estimator 'remax' needs reward_baselines (the greedy response's reward per sample)"
+            "adv_estimator 'remax' needs reward_baselines (the greedy_baseline phase's reward per sample)"
         )
     mask = inputs.response_mask.bool()
     returns = _discounted_returns(inputs.token_level_rewards, mask, 1.0)
