@@ -17,6 +17,7 @@ from rl_train.algorithms.config import AlgorithmConfig, StrictModel
 from rl_train.engines.rollout.registry import RolloutEngineName
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
 from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.critic_config import CriticConfig, check_critic_enable
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.modes import MODES
 from rl_train.storage.replay_config import ReplayConfig
@@ -139,6 +140,8 @@ class Config(StrictModel):
     """Training engine and policy loss."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     """Advantage estimator and algorithm knobs."""
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """Value model for the estimators that read values (gae): switch, optimizer, value loss."""
     reward: RewardConfig = Field(default_factory=RewardConfig)
     """Reward pool."""
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
@@ -161,6 +164,27 @@ class Config(StrictModel):
             raise ValueError(
                 f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}) must divide the groups of one local "
                 f"update (trainer.train_batch_size / trainer.parameter_sync_step = {t.train_batch_size // t.parameter_sync_step})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _resolve_critic(self) -> Config:
+        """``critic.enable`` becomes what the estimator needs, and the critic's unset epochs and
+        mini-batches the actor's (the resolved config states them)."""
+        critic = self.critic
+        enable = check_critic_enable(critic, self.algorithm.adv_estimator)
+        if critic.enable != enable:
+            critic.enable = enable
+        if critic.ppo_epochs is None:
+            critic.ppo_epochs = self.actor.ppo_epochs
+        if critic.ppo_mini_batch_size is None and self.actor.ppo_mini_batch_size is not None:
+            critic.ppo_mini_batch_size = self.actor.ppo_mini_batch_size
+        groups = self.trainer.train_batch_size // self.trainer.parameter_sync_step
+        mini = critic.ppo_mini_batch_size
+        if enable and mini and groups % mini:
+            raise ValueError(
+                f"critic.ppo_mini_batch_size ({mini}) must divide the groups of one local update "
+                f"(trainer.train_batch_size / trainer.parameter_sync_step = {groups})"
             )
         return self
 
