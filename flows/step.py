@@ -2,7 +2,9 @@
 
 The same body runs either as a Prefect sub-flow (each phase a task run in the UI, with its
 state, timing and logs) or with the phase functions called directly; the benchmark compares
-the two. Modes change what happens *around* the phases through the trainer's hooks.
+the two. Modes change what happens *around* the phases through the trainer's hooks; the
+optional phases (ref, the critic's values and critic_update, ReMax's greedy_baseline) follow
+from the config alone (``StepPlan``), the same in every mode.
 """
 
 from __future__ import annotations
@@ -10,14 +12,37 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from rl_train import tasks
+from rl_train.algorithms.advantage import estimator_needs
+from rl_train.config import Config
 
 if TYPE_CHECKING:
     from rl_train.flows.base import BaseTrainer
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The optional phases of every local update, decided from the config."""
+
+    ref: bool
+    """Reference log-probs, for the KL loss or the in-reward KL penalty."""
+    critic: bool
+    """values before the advantage phase and critic_update after it (``critic.enable``)."""
+    greedy_baseline: bool
+    """One greedy answer per prompt, scored, for estimators that declare it (remax)."""
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> StepPlan:
+        return cls(
+            ref=cfg.actor.kl_loss or cfg.algorithm.kl_in_reward,
+            critic=bool(cfg.critic.enable),
+            greedy_baseline=estimator_needs(cfg.algorithm.adv_estimator).greedy_baseline,
+        )
 
 
 class PhaseRunner:
@@ -39,18 +64,25 @@ def run_global_step(trainer: BaseTrainer, step: int, direct: bool) -> dict[str, 
     """parameter_sync_step local updates, then the mode's step-end (weight sync)."""
     ctx, cfg, run_id = trainer.context, trainer.config, trainer.run_id
     run = PhaseRunner(direct)
+    plan = StepPlan.from_config(cfg)
     metrics: dict[str, float] = {}
     groups = cfg.trainer.train_batch_size // cfg.trainer.parameter_sync_step
     for local in range(cfg.trainer.parameter_sync_step):
         trainer.on_sample_begin(step, local)
         batch_id = run(tasks.generate, ctx.replay_buffer, step, groups)
+        if plan.greedy_baseline:  # before rollout sleeps: the replicas that sampled answer greedily
+            metrics.update(run(tasks.greedy_baseline, run_id, batch_id))
         trainer.on_sample_end(step, local)
         metrics.update(run(tasks.reward, run_id, batch_id))
         metrics.update(run(tasks.balance, run_id, batch_id))
         run(tasks.old_log_prob, run_id, batch_id)
-        if cfg.actor.kl_loss or cfg.algorithm.kl_in_reward:
+        if plan.ref:
             run(tasks.ref, run_id, batch_id)
+        if plan.critic:
+            run(tasks.values, run_id, batch_id)
         metrics.update(run(tasks.advantage, run_id, batch_id))
+        if plan.critic:
+            metrics.update(run(tasks.critic_update, run_id, batch_id))
         metrics.update(run(tasks.update, run_id, batch_id))
         ctx.replay_buffer.release(batch_id)
     metrics.update(trainer.on_step_end(step, run))

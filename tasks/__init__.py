@@ -1,5 +1,5 @@
-"""One Prefect task per RL phase (R-3.1, R-3.2): generate, reward, balance, old_log_prob,
-ref, advantage, update, weight_sync, plus validate.
+"""One Prefect task per RL phase (R-3.1, R-3.2): generate, greedy_baseline, reward, balance,
+old_log_prob, ref, values, advantage, critic_update, update, weight_sync, plus validate.
 
 Each task is thin: it joins the run by ``run_id`` (``tasks.context``), calls one engine pool or one
 algorithm function, and passes batch ids, never tensors, through Prefect. The undecorated
@@ -8,29 +8,39 @@ Prefect costs.
 """
 
 from rl_train.tasks.phases import (
+    CRITIC_PHASES,
+    GREEDY_BASELINE_PHASES,
     PHASES,
     advantage,
     balance,
+    critic_update,
     generate,
+    greedy_baseline,
     old_log_prob,
     push_weights,
     ref,
     reward,
     update,
     validate,
+    values,
     weight_sync,
 )
 
 __all__ = [
+    "CRITIC_PHASES",
+    "GREEDY_BASELINE_PHASES",
     "PHASES",
     "advantage",
     "balance",
+    "critic_update",
     "generate",
+    "greedy_baseline",
     "old_log_prob",
     "push_weights",
     "ref",
     "reward",
     "update",
     "validate",
+    "values",
     "weight_sync",
 ]

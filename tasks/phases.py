@@ -36,6 +36,16 @@ def generate(buffer: SamplingBuffer, step: int, num_groups: int) -> str:
     return buffer.sample(num_groups, step)
 
 
+@phase_task(name="greedy_baseline")
+def greedy_baseline(run_id: str, batch_id: str) -> dict[str, float]:
+    """(1, estimators with a greedy baseline: remax) One greedy answer per prompt of the batch,
+    scored; its reward is written on each of the prompt's trajectories as ``baseline_reward``.
+    The greedy answers are deleted, never trained on. Runs right after sampling, while the
+    rollout replicas that sampled the batch are awake."""
+    run = join_run(run_id)
+    return run.pools.greedy_baselines(batch_id, run.config.rollout.max_new_tokens)
+
+
 @phase_task(name="reward")
 def reward(run_id: str, batch_id: str) -> dict[str, float]:
     """(2) Score every trajectory of the batch on the reward pool."""
@@ -66,11 +76,27 @@ def ref(run_id: str, batch_id: str) -> None:
     join_run(run_id).pools.compute_log_probs(batch_id, "ref_log_probs", reference=True)
 
 
+@phase_task(name="values")
+def values(run_id: str, batch_id: str) -> None:
+    """(6) Critic values V_old of every response token, on the critic pool (when the run has a critic)."""
+    join_run(run_id).pools.compute_values(batch_id)
+
+
 @phase_task(name="advantage")
 def advantage(run_id: str, batch_id: str) -> dict[str, float]:
     """(6-7) Rollout correction (IS/RS, ``rollout_corr/*``), token rewards (+ in-reward KL),
     advantages: computed in the queue actor, where the records are."""
     return join_run(run_id).pools.compute_advantages(batch_id)
+
+
+@phase_task(name="critic_update")
+def critic_update(run_id: str, batch_id: str) -> dict[str, float]:
+    """(8) Critic update towards the advantage phase's returns (clipped value loss), on every
+    critic rank; the metrics (``critic/*``) are the mean over ranks."""
+    run = join_run(run_id)
+    mini = run.config.critic.ppo_mini_batch_size
+    num_groups = len(run.pools.batch(batch_id)["groups"])
+    return run.pools.update_critic(batch_id, num_groups // mini if mini else 1)
 
 
 @phase_task(name="update")
@@ -121,3 +147,7 @@ def validate(run_id: str, step: int) -> dict[str, float]:
 
 
 PHASES = ("generate", "reward", "balance", "old_log_prob", "ref", "advantage", "update", "weight_sync")
+CRITIC_PHASES = ("values", "critic_update")
+"""Run only when the run has a critic (``critic.enable``, on for estimators that read values)."""
+GREEDY_BASELINE_PHASES = ("greedy_baseline",)
+"""Run only for estimators with a greedy baseline (remax)."""

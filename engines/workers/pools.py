@@ -19,7 +19,8 @@ from typing import Any
 import ray
 
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
-from rl_train.engines.workers.queue_worker import QueueWorker
+from rl_train.engines.workers.critic_worker import CriticWorker
+from rl_train.engines.workers.queue_worker import GREEDY_PARTITION, QueueWorker
 from rl_train.engines.workers.reward_worker import RewardWorker
 from rl_train.engines.workers.rollout_worker import RolloutWorker
 from rl_train.engines.workers.trainer_worker import TrainerWorker
@@ -71,6 +72,7 @@ class WorkerClasses:
     rollout: type = RolloutWorker
     trainer: type = TrainerWorker
     reward: type = RewardWorker
+    critic: type = CriticWorker
 
 
 @dataclass
@@ -99,6 +101,8 @@ class WorkerPools:
     rollouts: list[Any]
     trainers: list[Any]
     rewards: list[Any]
+    critics: list[Any] = field(default_factory=list)
+    """The critic pool (its own DP ranks); empty when the run has no critic."""
     weight_sync_timeout: float = 120.0
     handover: bool = False
     """The backend hands the sender's payload to receivers by object reference."""
@@ -136,6 +140,7 @@ class WorkerPools:
                     config.run.seed + 1000 * i,
                     config.rollout.num_threads,
                     tool_env,
+                    config.rollout.engine,
                     max_concurrency=2,
                 )
                 for i in range(config.rollout.num_replicas)
@@ -157,6 +162,7 @@ class WorkerPools:
                     address,
                     config.actor.kl_loss or config.algorithm.kl_in_reward,  # needs the reference model
                     tool_env,  # the spare rescue engine meets the same tools
+                    config.rollout.engine,
                     groups={SYNC_GROUP: 1},
                 )
                 for rank in range(world)
@@ -164,8 +170,24 @@ class WorkerPools:
             rewards = [
                 make(classes.reward, f"reward-{i}", model_path, tq) for i in range(config.reward.num_workers)
             ]
-            pools = cls(run_id, tq, rollouts, trainers, rewards)
-            _wait([t.ping.remote() for t in trainers])
+            num_critics = num_critic_ranks(config.critic.model_dump())
+            critic_address = f"127.0.0.1:{_free_port()}" if num_critics > 1 else None
+            critics = [
+                make(
+                    classes.critic,
+                    f"critic-{rank}",
+                    rank,
+                    num_critics,
+                    model_path,
+                    config.critic.model_dump(),
+                    config.run.seed,
+                    tq,
+                    critic_address,
+                )
+                for rank in range(num_critics)
+            ]
+            pools = cls(run_id, tq, rollouts, trainers, rewards, critics)
+            _wait([t.ping.remote() for t in (*trainers, *critics)])
             pools.open_weight_sync(config.rollout.weight_sync)
         except BaseException:
             for handle in created:
@@ -201,6 +223,7 @@ class WorkerPools:
                 [get(f"rollout-{i}") for i in range(config["rollout"]["num_replicas"])],
                 [get(f"trainer-{i}") for i in range(config["actor"]["num_ranks"])],
                 [get(f"reward-{i}") for i in range(config["reward"]["num_workers"])],
+                [get(f"critic-{i}") for i in range(num_critic_ranks(config["critic"]))],
             )
         except (ValueError, ray.exceptions.RayActorError) as exc:
             raise RunGoneError(
@@ -277,6 +300,41 @@ class WorkerPools:
     def compute_advantages(self, batch_id: str) -> dict[str, float]:
         """Rollout correction, token rewards and advantages, computed inside the queue actor."""
         return dict(ray.get(self.tq.compute_advantages.remote(batch_id)))
+
+    def greedy_baselines(self, batch_id: str, max_new_tokens: int) -> dict[str, float]:
+        """ReMax's baseline: one greedy answer per prompt of the batch, scored on the reward
+        pool; each trajectory gets its prompt's as ``baseline_reward`` (the answers are then
+        deleted, never trained on). Background generation holds meanwhile (the async modes)."""
+        prompts = ray.get(self.tq.stage_greedy_prompts.remote(batch_id))
+        params = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": max_new_tokens}
+        self.pause_generation()
+        try:
+            greedy = self.generate(GREEDY_PARTITION, prompts, 1, params)
+        finally:
+            self.resume_generation()
+        self.score(GREEDY_PARTITION, greedy)
+        return dict(ray.get(self.tq.set_baseline_rewards.remote(batch_id, greedy)))
+
+    def compute_values(self, batch_id: str) -> None:
+        """Critic values (V_old) of the batch, spread over the critic ranks, written on the records."""
+        shards = _split(self.batch(batch_id)["keys"], len(self.critics))
+        _wait(
+            [
+                rank.compute_values.remote("train", shard)
+                for rank, shard in zip(self.critics, shards, strict=True)
+            ]
+        )
+
+    def update_critic(self, batch_id: str, num_mini_batches: int) -> dict[str, float]:
+        """Critic update on every critic rank (the same number of steps each); metrics are the mean over ranks."""
+        shards = _split(self.batch(batch_id)["keys"], len(self.critics))
+        per_rank = _wait(
+            [
+                rank.update.remote("train", shard, num_mini_batches)
+                for rank, shard in zip(self.critics, shards, strict=True)
+            ]
+        )
+        return _mean_over_ranks(per_rank)
 
     def update(self, batch_id: str, num_mini_batches: int) -> dict[str, float]:
         """Actor update on every DP rank; metrics are the mean over ranks."""
@@ -366,9 +424,14 @@ class WorkerPools:
         for ref in closing:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.get(ref, timeout=30)
-        for actor in (*self.rollouts, *self.trainers, *self.rewards, self.tq):
+        for actor in (*self.rollouts, *self.trainers, *self.critics, *self.rewards, self.tq):
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
+
+
+def num_critic_ranks(critic: dict[str, Any]) -> int:
+    """Actors of the critic pool, from a ``critic`` config section as data (0: no critic)."""
+    return int(critic["num_ranks"]) if critic["enable"] else 0
 
 
 def _split(keys: list[str], parts: int) -> list[list[str]]:

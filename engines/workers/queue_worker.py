@@ -5,6 +5,11 @@ the rollout log-probs and the DP balance only read and write records; running th
 means only batch ids cross the driver. The actor also keeps the run's resolved config, so a
 fresh process can rejoin every pool from the run id (``WorkerPools.join``), and the
 advantage phase's state across steps (the adaptive KL coefficient, the runbook trends).
+
+ReMax's greedy baseline stages its prompts here too: the batch's prompts are copied into
+the ``greedy`` partition, the rollout pool answers each once, greedily, the reward pool scores
+the answers there, and each trajectory of the batch receives its prompt's score as
+``baseline_reward``. The greedy answers are then deleted: they are never part of a batch.
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ from typing import Any
 from rl_train.algorithms.advantage_phase import AdvantagePhase, bypass_old_log_probs
 from rl_train.algorithms.balance import partition_by_tokens
 from rl_train.algorithms.config import AlgorithmConfig
-from rl_train.storage.transfer_queue import TransferQueue
+from rl_train.storage.transfer_queue import PARTITIONS, TransferQueue
+
+GREEDY_PARTITION = "greedy"
+"""ReMax's greedy answers: generated, scored and deleted within one phase, never trained on."""
 
 
 class QueueWorker(TransferQueue):
     def __init__(self, run_config: dict[str, Any]) -> None:
-        super().__init__()
+        super().__init__((*PARTITIONS, GREEDY_PARTITION))
         self._run_config = run_config
         self._advantage = AdvantagePhase.from_config(AlgorithmConfig.model_validate(run_config["algorithm"]))
         self._handover = False
@@ -64,3 +72,30 @@ class QueueWorker(TransferQueue):
         updates, metrics = self._advantage.compute(self.get(partition, keys))
         self.put(partition, dict(zip(keys, updates, strict=True)))
         return metrics
+
+    def stage_greedy_prompts(self, batch_id: str) -> list[str]:
+        """(1, greedy baseline) Copy the batch's prompts into the greedy partition; returns their keys."""
+        batch = self.get_batch(batch_id)
+        groups = list(batch["groups"])
+        prompts = self.get(batch["partition"], groups)
+        self.put(
+            GREEDY_PARTITION,
+            dict(zip(groups, prompts, strict=True)),
+            {g: {"kind": "prompt", "status": "pending"} for g in groups},
+        )
+        return groups
+
+    def set_baseline_rewards(self, batch_id: str, greedy_keys: list[str]) -> dict[str, float]:
+        """Write each trajectory's ``baseline_reward`` (its prompt's greedy reward), then delete
+        the greedy prompts and answers; returns the greedy answers' mean reward."""
+        greedy = self.get(GREEDY_PARTITION, greedy_keys, ["group_id", "reward"])
+        baseline = {r["group_id"]: float(r["reward"]) for r in greedy}
+        batch = self.get_batch(batch_id)
+        keys, partition = batch["keys"], batch["partition"]
+        groups = [t["group_id"] for t in self.get_tags(partition, keys)]
+        missing = sorted(set(groups) - set(baseline))
+        if missing:
+            raise KeyError(f"greedy baseline: no greedy answer was scored for prompt(s) {missing}")
+        self.put(partition, {k: {"baseline_reward": baseline[g]} for k, g in zip(keys, groups, strict=True)})
+        self.delete(GREEDY_PARTITION, [*baseline, *greedy_keys])
+        return {"greedy_baseline/reward_mean": sum(baseline.values()) / max(len(baseline), 1)}

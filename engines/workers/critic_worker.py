@@ -1,0 +1,95 @@
+"""A critic rank: the value model of one DP rank of the critic pool (R-3.1 steps 6 and 8).
+
+It reads its share of a batch from the TransferQueue and writes back only per-token lists
+over the response: ``values`` (V_old, the values phase) for the advantage phase's GAE, which
+writes ``returns``; the critic update then fits the values to those returns with the clipped
+value loss. The critic ranks form their own torch.distributed group, apart from the trainer's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+from rl_train.algorithms.critic_loss import build_critic_loss_fn, explained_variance
+from rl_train.engines.training.critic_config import CriticConfig
+from rl_train.engines.training.value_engine import TorchValueEngine
+from rl_train.storage.records import collate, scatter_response
+
+TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
+UPDATE_FIELDS = ["values", "returns"]
+"""Per-token fields the update reads: V_old (values phase) and the returns (advantage phase)."""
+
+
+class CriticWorker:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        model_path: str,
+        critic: dict[str, Any],
+        seed: int,
+        tq: Any,
+        dist_address: str | None = None,
+    ) -> None:
+        self.cfg = CriticConfig.model_validate(critic)
+        torch.set_num_threads(self.cfg.num_threads)
+        torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
+        self.rank, self.world_size = rank, world_size
+        if world_size > 1:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://{dist_address}", rank=rank, world_size=world_size
+            )
+        self.engine = TorchValueEngine(model_path, self.cfg, seed)
+        self.pad_token_id = int(self.engine.tokenizer.pad_token_id)  # type: ignore[attr-defined]
+        self.loss_fn = build_critic_loss_fn(self.cfg)
+        self.tq = tq
+
+    def compute_values(self, partition: str, keys: list[str]) -> int:
+        """(6) V_old of every response token of ``keys``, written as ``values`` on each record."""
+        if not keys:
+            return 0
+        records = ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS))
+        values = scatter_response(self.engine.compute_values(collate(records, self.pad_token_id)), records)
+        ray.get(self.tq.put.remote(partition, {k: {"values": v} for k, v in zip(keys, values, strict=True)}))
+        return len(keys)
+
+    def update(self, partition: str, keys: list[str], num_mini_batches: int) -> dict[str, float]:
+        """(8) ppo_epochs x num_mini_batches critic steps over this rank's share of the batch.
+
+        Every rank runs the same number of steps (each all-reduces), fixed by the driver.
+        Whole records are read, so an RS-edited ``response_mask`` masks the value loss too.
+        """
+        records = ray.get(self.tq.get.remote(partition, keys)) if keys else []
+        missing = [f for f in UPDATE_FIELDS if records and f not in records[0]]
+        if missing:
+            raise KeyError(
+                f"critic update needs per-token field(s) {missing}; the earlier phases did not write them"
+            )
+        sums: dict[str, float] = {}
+        steps = 0
+        for _ in range(self.cfg.ppo_epochs or 1):  # None only outside a run config (resolved there)
+            for part in range(num_mini_batches):
+                chunk = records[part::num_mini_batches] if num_mini_batches > 1 else records
+                batch = collate(chunk, self.pad_token_id, UPDATE_FIELDS)
+                for key, value in self.engine.train_batch(batch, self.loss_fn).items():
+                    sums[key] = sums.get(key, 0.0) + value
+                steps += 1
+        metrics = {key: value / max(steps, 1) for key, value in sums.items()}
+        if records:
+            batch = collate(records, self.pad_token_id, UPDATE_FIELDS)
+            mask = batch["response_mask"]
+            metrics["critic/vf_explained_var"] = explained_variance(batch["values"], batch["returns"], mask)
+            metrics["critic/returns_mean"] = float((batch["returns"] * mask).sum() / mask.sum().clamp(min=1))
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.engine.state_dict()
+
+    def ping(self) -> int:
+        return self.rank
