@@ -81,11 +81,25 @@ def test_gae_through_prefect_runs_the_critic_phases_as_tasks(
         assert set(CRITIC_PHASES) <= names, names
 
 
-def test_gae_without_prefect_on_two_critic_ranks(small_run_config: dict[str, Any], ray_local) -> None:
+def test_gae_without_prefect_on_two_critic_ranks(
+    small_run_config: dict[str, Any], ray_local, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two critic DP ranks; a process that rejoins the run by id finds both (a retried task)."""
+    from rl_train.engines.workers.pools import WorkerPools
+    from rl_train.flows.sync import SyncTrainer
+
+    rejoined: list[int] = []
+
+    def on_train_begin(trainer: SyncTrainer) -> None:
+        pools, _ = WorkerPools.join(trainer.run_id)
+        rejoined.extend(ray_local.get([critic.ping.remote() for critic in pools.critics]))
+
+    monkeypatch.setattr(SyncTrainer, "on_train_begin", on_train_begin)
     config = run_config(
         small_run_config, "gae", trainer={"use_prefect": False}, critic={"num_ranks": 2, "num_threads": 1}
     )
     metrics = read_metrics(run_training(config)["run_dir"])
+    assert rejoined == [0, 1]
     assert_every_phase_ran(metrics, tuple(p for p in PHASES if p != "ref") + CRITIC_PHASES)
     assert all(math.isfinite(m[key]) for m in metrics for key in CRITIC_METRICS)
 
