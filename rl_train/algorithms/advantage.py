@@ -1,131 +1,82 @@
-"""Advantage estimators, registered by name in ``ADV_ESTIMATORS``.
+"""Advantage estimators by name: the ``ADV_ESTIMATORS`` table, and what each one reads.
 
-Each estimator is ``fn(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> (advantages, returns)``,
-both ``[B, T]`` and zero outside the response mask. Importing this module registers all of them:
-outcome (group-baseline) estimators live in ``advantage_outcome``, token-level ones in
-``advantage_token``.
-
-Multi-output sessions (one agent session producing several trainable outputs): with
-``session_ids`` set, only the last output of each session (in batch order) enters the group
-statistics of the outcome estimators, and its advantage is broadcast to the session's other
-outputs, so a long session does not count as several votes in its group.
+Outcome (group-baseline) estimators live in ``advantage_outcome``, token-level ones in
+``advantage_token``; their inputs and helpers in ``advantage_base``. This module imports
+them and builds the tables; none imports it back, so any of them can be imported first.
+An estimator that reads more than rewards, masks and groups declares it here
+(``ESTIMATOR_NEEDS``): the step plan then runs the phase that writes that input, and a config
+that cannot feed its estimator fails at load. A user's own estimator registers with
+``ADV_ESTIMATORS.register(name)`` and ``declare_needs(fn, needs)``.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
-import torch
-
-from rl_train.algorithms.config import AlgorithmConfig
+from rl_train.algorithms.advantage_base import (
+    AdvantageFn,
+    AdvantageInputs,
+    EstimatorNeeds,
+    broadcast_to_tokens,
+    group_indices,
+    outcome_advantage,
+    sequence_scores,
+    session_representatives,
+)
+from rl_train.algorithms.advantage_outcome import (
+    compute_gpg_advantage,
+    compute_grpo_advantage,
+    compute_grpo_passk_advantage,
+    compute_opo_advantage,
+    compute_reinforce_plus_plus_baseline_advantage,
+    compute_rloo_advantage,
+)
+from rl_train.algorithms.advantage_token import (
+    compute_gae_advantage,
+    compute_reinforce_plus_plus_advantage,
+    compute_remax_advantage,
+)
 from rl_train.registry import Registry
 
+__all__ = [
+    "ADV_ESTIMATORS",
+    "AdvantageFn",
+    "AdvantageInputs",
+    "EstimatorNeeds",
+    "broadcast_to_tokens",
+    "compute_grpo_advantage",
+    "declare_needs",
+    "estimator_needs",
+    "group_indices",
+    "outcome_advantage",
+    "sequence_scores",
+    "session_representatives",
+]
 
-@dataclass
-class AdvantageInputs:
-    """What an estimator may read. ``group_ids[i]`` names the prompt group of sample i."""
+ADV_ESTIMATORS: Registry[AdvantageFn] = Registry.from_table(
+    "advantage estimator",
+    {
+        "grpo": compute_grpo_advantage,
+        "grpo_passk": compute_grpo_passk_advantage,
+        "rloo": compute_rloo_advantage,
+        "opo": compute_opo_advantage,
+        "gpg": compute_gpg_advantage,
+        "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_advantage,
+        "gae": compute_gae_advantage,
+        "reinforce_plus_plus": compute_reinforce_plus_plus_advantage,
+        "remax": compute_remax_advantage,
+    },
+)
 
-    token_level_rewards: torch.Tensor
-    """[B, T] reward per token (outcome rewards sit on the last response token)."""
-    response_mask: torch.Tensor
-    """[B, T] 1 on graded response tokens."""
-    group_ids: Sequence[str]
-    """Length B: samples with the same id answer the same prompt."""
-    values: torch.Tensor | None = None
-    """[B, T] critic values, for GAE."""
-    session_ids: Sequence[str] | None = None
-    """Length B, optional: outputs of one multi-output session share an id."""
-    reward_baselines: torch.Tensor | None = None
-    """[B] reward of the greedy response to the same prompt, for ReMax."""
-
-
-AdvantageFn = Callable[[AdvantageInputs, AlgorithmConfig], tuple[torch.Tensor, torch.Tensor]]
-ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
-
-
-@dataclass(frozen=True)
-class EstimatorNeeds:
-    """What an estimator reads beyond rewards, masks and groups.
-
-    The run's step plan and the config read this, so the phase that produces an input runs
-    exactly when the configured estimator reads it, and a config that cannot feed its
-    estimator fails at load instead of at the first advantage phase.
-    """
-
-    critic: bool = False
-    """``values`` from a critic: the values and critic_update phases run (R-3.1 steps 6 and 8)."""
-    greedy_baseline: bool = False
-    """``reward_baselines``: the reward of one greedy response per prompt (the greedy_baseline phase)."""
+_NEEDS: dict[AdvantageFn, EstimatorNeeds] = {
+    compute_gae_advantage: EstimatorNeeds(critic=True),  # values from the critic (R-3.1 steps 6, 8)
+    compute_remax_advantage: EstimatorNeeds(greedy_baseline=True),  # one greedy answer per prompt
+}
 
 
-_NEEDS: dict[AdvantageFn, EstimatorNeeds] = {}
-
-
-def requires(needs: EstimatorNeeds) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Declare what an estimator reads (goes right under its ``ADV_ESTIMATORS.register`` line)."""
-
-    def declare(fn: AdvantageFn) -> AdvantageFn:
-        _NEEDS[fn] = needs
-        return fn
-
-    return declare
+def declare_needs(fn: AdvantageFn, needs: EstimatorNeeds) -> None:
+    """Declare what a (user-registered) estimator reads beyond rewards, masks and groups."""
+    _NEEDS[fn] = needs
 
 
 def estimator_needs(name: str) -> EstimatorNeeds:
     """The needs declared by the estimator registered as ``name`` (none declared: none)."""
     return _NEEDS.get(ADV_ESTIMATORS.get(name), EstimatorNeeds())
-
-
-def group_indices(group_ids: Sequence[str]) -> list[list[int]]:
-    """Sample indices of each group, groups in first-seen order."""
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, gid in enumerate(group_ids):
-        groups[gid].append(i)
-    return list(groups.values())
-
-
-def session_representatives(num_samples: int, session_ids: Sequence[str] | None) -> list[int]:
-    """For each sample, the index of the sample that represents its session (the session's last)."""
-    if session_ids is None:
-        return list(range(num_samples))
-    last: dict[str, int] = {}
-    for i, sid in enumerate(session_ids):
-        last[sid] = i
-    return [last[sid] for sid in session_ids]
-
-
-def sequence_scores(inputs: AdvantageInputs) -> torch.Tensor:
-    """[B] outcome score of each sample: its token rewards summed over the response mask."""
-    mask = inputs.response_mask.to(inputs.token_level_rewards.dtype)
-    return (inputs.token_level_rewards * mask).sum(dim=-1)
-
-
-def outcome_advantage(
-    inputs: AdvantageInputs, group_fn: Callable[[torch.Tensor, list[int]], torch.Tensor]
-) -> torch.Tensor:
-    """[B] advantage per sample from ``group_fn(scores, group_member_indices) -> [n]``.
-
-    ``group_fn`` sees only session representatives; the result is broadcast to each session.
-    """
-    scores = sequence_scores(inputs)
-    reps = session_representatives(len(inputs.group_ids), inputs.session_ids)
-    rep_set = sorted(set(reps))
-    rep_groups: dict[str, list[int]] = defaultdict(list)
-    for i in rep_set:
-        rep_groups[inputs.group_ids[i]].append(i)
-    per_rep = torch.zeros_like(scores)
-    for members in rep_groups.values():
-        per_rep[members] = group_fn(scores, members).to(scores.dtype)
-    return per_rep[reps]
-
-
-def broadcast_to_tokens(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """[B] -> [B, T]: the sample's value on each of its response tokens, zero elsewhere."""
-    return per_sample.unsqueeze(-1) * response_mask.to(per_sample.dtype)
-
-
-# Registration side effect: every estimator module registers into ADV_ESTIMATORS on import.
-from rl_train.algorithms import advantage_outcome, advantage_token  # noqa: E402, F401
-from rl_train.algorithms.advantage_outcome import compute_grpo_advantage  # noqa: E402, F401

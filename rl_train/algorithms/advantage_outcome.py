@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_train.algorithms.advantage import (
-    ADV_ESTIMATORS,
+from rl_train.algorithms.advantage_base import (
     AdvantageInputs,
     broadcast_to_tokens,
     outcome_advantage,
@@ -31,7 +30,6 @@ def _grpo_group(scores: torch.Tensor, norm_by_std: bool) -> torch.Tensor:
     return centred / (scores.std(unbiased=True) + EPSILON) if norm_by_std else centred
 
 
-@ADV_ESTIMATORS.register("grpo")
 def compute_grpo_advantage(
     inputs: AdvantageInputs, cfg: AlgorithmConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +51,6 @@ def _passk_group(scores: torch.Tensor, norm_by_std: bool) -> torch.Tensor:
     return out
 
 
-@ADV_ESTIMATORS.register("grpo_passk")
 def compute_grpo_passk_advantage(
     inputs: AdvantageInputs, cfg: AlgorithmConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +68,6 @@ def _rloo_group(scores: torch.Tensor) -> torch.Tensor:
     return scores - (scores.sum() - scores) / (n - 1)
 
 
-@ADV_ESTIMATORS.register("rloo")
 def compute_rloo_advantage(
     inputs: AdvantageInputs, cfg: AlgorithmConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +77,6 @@ def compute_rloo_advantage(
     return adv, adv
 
 
-@ADV_ESTIMATORS.register("opo")
 def compute_opo_advantage(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO (Hao et al. 2025): length-weighted baseline b = sum(L_j s_j) / sum(L_j), A_i = s_i - b.
 
@@ -100,7 +95,6 @@ def compute_opo_advantage(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tupl
     return adv, adv
 
 
-@ADV_ESTIMATORS.register("gpg")
 def compute_gpg_advantage(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG (Chu et al. 2025): group-centred score scaled by alpha = B / B_valid, never divided by the std.
 
@@ -118,7 +112,6 @@ def compute_gpg_advantage(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tupl
     return adv, adv
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
 def compute_reinforce_plus_plus_baseline_advantage(
     inputs: AdvantageInputs, cfg: AlgorithmConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from rl_train.algorithms.advantage import ADV_ESTIMATORS, AdvantageInputs, EstimatorNeeds, requires
+from rl_train.algorithms.advantage_base import AdvantageInputs
 from rl_train.algorithms.config import AlgorithmConfig
 from rl_train.algorithms.masked import masked_whiten
 
 
-@ADV_ESTIMATORS.register("gae")
-@requires(EstimatorNeeds(critic=True))
 def compute_gae_advantage(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE (Schulman et al. 2016), [B, T] in and out.
 
@@ -54,7 +52,6 @@ def _discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float)
     return returns * mask.to(rewards.dtype)
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus")
 def compute_reinforce_plus_plus_advantage(
     inputs: AdvantageInputs, cfg: AlgorithmConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,8 +61,6 @@ def compute_reinforce_plus_plus_advantage(
     return masked_whiten(returns, mask), returns
 
 
-@ADV_ESTIMATORS.register("remax")
-@requires(EstimatorNeeds(greedy_baseline=True))
 def compute_remax_advantage(
     inputs: AdvantageInputs, cfg: AlgorithmConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,105 @@
+"""What every advantage estimator takes, what it may need beyond it, and shared helpers.
+
+Each estimator is ``fn(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> (advantages, returns)``,
+both ``[B, T]`` and zero outside the response mask. The ``ADV_ESTIMATORS`` table is in
+``advantage``, which imports every estimator module; none imports it back.
+
+Multi-output sessions (one agent session producing several trainable outputs): with
+``session_ids`` set, only the last output of each session (in batch order) enters the group
+statistics of the outcome estimators, and its advantage is broadcast to the session's other
+outputs, so a long session does not count as several votes in its group.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rl_train.algorithms.config import AlgorithmConfig
+
+
+@dataclass
+class AdvantageInputs:
+    """What an estimator may read. ``group_ids[i]`` names the prompt group of sample i."""
+
+    token_level_rewards: torch.Tensor
+    """[B, T] reward per token (outcome rewards sit on the last response token)."""
+    response_mask: torch.Tensor
+    """[B, T] 1 on graded response tokens."""
+    group_ids: Sequence[str]
+    """Length B: samples with the same id answer the same prompt."""
+    values: torch.Tensor | None = None
+    """[B, T] critic values, for GAE."""
+    session_ids: Sequence[str] | None = None
+    """Length B, optional: outputs of one multi-output session share an id."""
+    reward_baselines: torch.Tensor | None = None
+    """[B] reward of the greedy response to the same prompt, for ReMax."""
+
+
+AdvantageFn = Callable[[AdvantageInputs, AlgorithmConfig], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an estimator reads beyond rewards, masks and groups.
+
+    The run's step plan and the config read this, so the phase that produces an input runs
+    exactly when the configured estimator reads it, and a config that cannot feed its
+    estimator fails at load instead of at the first advantage phase.
+    """
+
+    critic: bool = False
+    """``values`` from a critic: the values and critic_update phases run (R-3.1 steps 6 and 8)."""
+    greedy_baseline: bool = False
+    """``reward_baselines``: the reward of one greedy response per prompt (the greedy_baseline phase)."""
+
+
+def group_indices(group_ids: Sequence[str]) -> list[list[int]]:
+    """Sample indices of each group, groups in first-seen order."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, gid in enumerate(group_ids):
+        groups[gid].append(i)
+    return list(groups.values())
+
+
+def session_representatives(num_samples: int, session_ids: Sequence[str] | None) -> list[int]:
+    """For each sample, the index of the sample that represents its session (the session's last)."""
+    if session_ids is None:
+        return list(range(num_samples))
+    last: dict[str, int] = {}
+    for i, sid in enumerate(session_ids):
+        last[sid] = i
+    return [last[sid] for sid in session_ids]
+
+
+def sequence_scores(inputs: AdvantageInputs) -> torch.Tensor:
+    """[B] outcome score of each sample: its token rewards summed over the response mask."""
+    mask = inputs.response_mask.to(inputs.token_level_rewards.dtype)
+    return (inputs.token_level_rewards * mask).sum(dim=-1)
+
+
+def outcome_advantage(
+    inputs: AdvantageInputs, group_fn: Callable[[torch.Tensor, list[int]], torch.Tensor]
+) -> torch.Tensor:
+    """[B] advantage per sample from ``group_fn(scores, group_member_indices) -> [n]``.
+
+    ``group_fn`` sees only session representatives; the result is broadcast to each session.
+    """
+    scores = sequence_scores(inputs)
+    reps = session_representatives(len(inputs.group_ids), inputs.session_ids)
+    rep_set = sorted(set(reps))
+    rep_groups: dict[str, list[int]] = defaultdict(list)
+    for i in rep_set:
+        rep_groups[inputs.group_ids[i]].append(i)
+    per_rep = torch.zeros_like(scores)
+    for members in rep_groups.values():
+        per_rep[members] = group_fn(scores, members).to(scores.dtype)
+    return per_rep[reps]
+
+
+def broadcast_to_tokens(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B, T]: the sample's value on each of its response tokens, zero elsewhere."""
+    return per_sample.unsqueeze(-1) * response_mask.to(per_sample.dtype)
