@@ -112,12 +112,15 @@ class WorkerPools:
     def create(cls, run_id: str, config: Any, classes: WorkerClasses | None = None) -> WorkerPools:
         """Create every actor of the run (``config`` is the run's ``Config``).
 
-        If anything fails half-way, the actors created so far are killed before raising.
+        If anything fails half-way, the actors created so far are killed before raising, and
+        a weight sync that was half opened is closed first: a killed sender would leave its
+        shared memory in /dev/shm for good.
         """
         classes = classes or WorkerClasses()
         ns = run_namespace(run_id)
         common = {"namespace": ns, "num_cpus": 0, "lifetime": None}
         created: list[Any] = []
+        pools: WorkerPools | None = None
 
         def make(
             actor_cls: type, name: str, *args: Any, groups: dict[str, int] | None = None, **options: Any
@@ -189,12 +192,14 @@ class WorkerPools:
             pools = cls(run_id, tq, rollouts, trainers, rewards, critics)
             _wait([t.ping.remote() for t in (*trainers, *critics)])
             pools.open_weight_sync(config.rollout.weight_sync)
+            return pools
         except BaseException:
+            if pools is not None:
+                pools.shutdown()  # closes the sender and receivers opened so far, then kills
             for handle in created:
                 with contextlib.suppress(Exception):
                     ray.kill(handle, no_restart=True)
             raise
-        return pools
 
     @classmethod
     def join(cls, run_id: str) -> tuple[WorkerPools, dict[str, Any]]:
