@@ -42,6 +42,12 @@ VARIANTS = {
     "rloo": ["algorithm.adv_estimator=rloo", "actor.policy_loss=vanilla"],
     "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus", "actor.policy_loss=vanilla"],
     "gspo": ["algorithm.adv_estimator=grpo", "actor.policy_loss=gspo"],
+    # The estimators with their own phases: gae trains a critic (values, critic_update),
+    # remax answers each prompt once greedily for its baseline (greedy_baseline). The critic
+    # makes two passes over each batch: it must learn to judge answers as the policy learns
+    # to give them (see engines/training/critic_config.py).
+    "gae": ["algorithm.adv_estimator=gae", "actor.policy_loss=vanilla", "critic.ppo_epochs=2"],
+    "remax": ["algorithm.adv_estimator=remax", "actor.policy_loss=vanilla"],
     # The trainer modes, with grpo + vanilla (and the async modes' default token-level IS).
     # separate_async does one mini-batch per local update (R-2.6); 4 local updates of 32
     # groups keep each optimizer step about as diverse as the demo's (64 prompts, 2 samples
@@ -96,7 +102,7 @@ def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "trainer.val_before_train=false",
         "trainer.val_every_steps=0",
         f"trainer.total_steps={args.max_steps}",
-        f"run.name=convergence-{name}",
+        f"run.name=convergence-{name}-{time.strftime('%Y%m%d-%H%M%S')}",  # never reuse a run dir
         *args.overrides,
     ]
     config = load_config(args.config, overrides)
