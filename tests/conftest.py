@@ -40,6 +40,18 @@ def _skip_slow_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> 
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _restore_denormals():
+    """Workers flush denormal floats to zero for speed, process-wide; a test that builds one in
+    this process must not leave it so for later tests (hypothesis refuses to draw floats then)."""
+    yield
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_flush_denormal(False)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in policy with a short format pretraining (enough to emit EOS)."""
