@@ -1,8 +1,9 @@
 """The estimators with phases of their own learn the demo task to a mean reward of 0.9.
 
 PPO + GAE (critic pool: values, critic_update) and ReMax (greedy_baseline): the same runs
-as ``python -m rl_train.bench.convergence --variants gae remax`` (many minutes each on two
-cores): select with ``-m slow``.
+as ``python -m rl_train.bench.convergence --variants gae remax --max-steps 400`` (about an
+hour each on two cores): select with ``-m slow``. Both learn slower than grpo on this task
+(the README's convergence figures say why), so they get a longer run than its 250 steps.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from rl_train.bench.convergence import REPO, run_variant
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(7200)]
 
 
 @pytest.mark.parametrize("variant", ["gae", "remax"])
@@ -23,7 +24,7 @@ def test_estimator_reaches_mean_reward_0_9(variant: str, tmp_path: Path) -> None
         config=str(REPO / "configs" / "arith-tiny.yaml"),
         target=0.9,
         window=5,
-        max_steps=250,
+        max_steps=400,
         overrides=[f"run.output_dir={tmp_path}", f"model.path={tmp_path / 'model'}"],
     )
     row = run_variant(variant, args)

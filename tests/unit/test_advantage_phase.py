@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from rl_train.algorithms.advantage_phase import AdvantagePhase, bypass_old_log_probs
 from rl_train.algorithms.config import AlgorithmConfig
 from rl_train.algorithms.rollout_correction import MissingRolloutLogProbsError
-from rl_train.algorithms.advantage_phase import AdvantagePhase, bypass_old_log_probs
 
 LN = math.log
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl_train.algorithms.balance import partition_by_tokens
 from rl_train.algorithms.reward_placement import place_on_last_token
 from rl_train.engines.reward.rules import route_reward_fn
 from rl_train.registry import UnknownNameError
 from rl_train.storage.transfer_queue import TagTransitionError, TransferQueue
-from rl_train.algorithms.balance import partition_by_tokens
 
 
 def test_prompt_status_follows_the_lifecycle() -> None:
