@@ -51,17 +51,11 @@ class CriticConfig(ValueLossConfig):
 
     @model_validator(mode="after")
     def _norm_length_given(self) -> CriticConfig:
-        from rl_train.algorithms.aggregation import AGGREGATORS, needs_norm_length
+        from rl_train.algorithms.aggregation import norm_length_error
 
-        mode = self.loss_agg_mode
-        if (
-            mode in AGGREGATORS
-            and needs_norm_length(AGGREGATORS.get(mode))
-            and self.loss_agg_norm_length is None
-        ):
-            raise ValueError(
-                f"loss_agg_mode {mode} needs loss_agg_norm_length (a constant, e.g. the max response length)"
-            )
+        error = norm_length_error(self.loss_agg_mode, self.loss_agg_norm_length)
+        if error:
+            raise ValueError(error)
         return self
 
 

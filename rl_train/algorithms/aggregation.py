@@ -92,3 +92,13 @@ def aggregate_loss(
     except KeyError as err:
         raise ValueError(str(err)) from None
     return aggregator(per_token_loss, mask.to(per_token_loss.dtype), norm_length)
+
+
+def norm_length_error(mode: str, norm_length: float | None) -> str | None:
+    """Why ``mode`` cannot run without a constant length (None when it can), for config checks."""
+    if mode in AGGREGATORS and needs_norm_length(AGGREGATORS.get(mode)) and norm_length is None:
+        return (
+            f"loss_agg_mode {mode} needs loss_agg_norm_length (a constant, e.g. the max "
+            "response length); the padded length would make the loss depend on the micro-batch split"
+        )
+    return None

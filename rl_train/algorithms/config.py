@@ -201,18 +201,11 @@ class PolicyLossConfig(StrictModel):
 
     @model_validator(mode="after")
     def _norm_length_given(self) -> PolicyLossConfig:
-        from rl_train.algorithms.aggregation import AGGREGATORS, needs_norm_length
+        from rl_train.algorithms.aggregation import norm_length_error
 
-        mode = self.loss_agg_mode
-        if (
-            mode in AGGREGATORS
-            and needs_norm_length(AGGREGATORS.get(mode))
-            and self.loss_agg_norm_length is None
-        ):
-            raise ValueError(
-                f"loss_agg_mode {mode} needs loss_agg_norm_length (a constant, e.g. the max "
-                "response length); the padded length would make the loss depend on the micro-batch split"
-            )
+        error = norm_length_error(self.loss_agg_mode, self.loss_agg_norm_length)
+        if error:
+            raise ValueError(error)
         return self
 
 
