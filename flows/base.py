@@ -16,6 +16,7 @@ from rl_train.engines.model.tiny import create_tiny_policy
 from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
 from rl_train.flows.context import RunContext
 from rl_train.flows.step import PhaseRunner, run_global_step, step_settings
+from rl_train.flows.ui import publish_run_end, publish_step, step_run_name
 from rl_train.storage.builtin_data import write_builtin_task
 from rl_train.storage.dataset import PromptLoader, load_prompts
 from rl_train.storage.metrics import MetricsWriter
@@ -125,6 +126,7 @@ class BaseTrainer(ABC):
                 self.history.append(metrics)
                 self.metrics.write(metrics)
                 self._print_progress(metrics)
+            publish_run_end(self.config.run.name, self.run_dir)
             return self.history
         finally:
             try:
@@ -140,7 +142,7 @@ class BaseTrainer(ABC):
         with step_settings():
             return self.global_step_flow(step)
 
-    @flow(name="global-step", flow_run_name="step-{step}", validate_parameters=False, log_prints=True)
+    @flow(name="global-step", flow_run_name=step_run_name, validate_parameters=False, log_prints=True)
     def global_step_flow(self, step: int) -> dict[str, float]:
         return run_global_step(self, step, direct=False)
 
@@ -177,7 +179,9 @@ class BaseTrainer(ABC):
             f"len {m.get('response_length/mean', 0):.1f}",
             f"{m['timing/step']:.2f}s",
         ]
-        print(" | ".join(parts), file=sys.stderr, flush=True)
+        line = " | ".join(parts)
+        print(line, file=sys.stderr, flush=True)
+        publish_step(self.config.run.name, total, line, m)  # the run page in the Prefect UI
 
     def teardown(self) -> None:
         """Close weight sync and kill the run's actors (idempotent)."""

@@ -45,7 +45,7 @@ def test_three_global_steps_through_prefect_and_ray(
         steps = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent]))
         )
-        assert sorted(r.name for r in steps) == ["step-1", "step-2", "step-3"]
+        assert sorted(r.name for r in steps) == ["it/step-1", "it/step-2", "it/step-3"]  # <run.name>/step-N
         assert all(r.state.is_completed() for r in steps)
         from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterFlowRunId
 

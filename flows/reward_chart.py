@@ -1,0 +1,113 @@
+"""The reward curve of a run as a self-contained SVG image, for the run page in the Prefect UI.
+
+The project installs no plotting library (matplotlib alone would outweigh the rest of the
+UI code), and a chart of two lines needs none: SVG is text, carries its own axis labels and
+legend, and embeds in a markdown artifact as a ``data:`` URI, which the Prefect UI renders as
+an ``<img>`` (an image element runs no script, so the URI cannot do anything but draw).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from xml.sax.saxutils import escape
+
+WIDTH, HEIGHT = 640, 320
+LEFT, RIGHT, TOP, BOTTOM = 56, 16, 28, 40
+"""Plot margins in pixels: room for the y tick labels, the legend and the x tick labels."""
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of the chart: a metric's finite values at the steps that have it."""
+
+    label: str
+    color: str
+    points: tuple[tuple[float, float], ...]
+
+
+def series_of(rows: Sequence[dict[str, Any]], key: str, color: str) -> Series:
+    """``key``'s finite values over ``step``; rows without it (or with a None/NaN, as
+    ``metrics.jsonl`` stores a non-finite value) leave a gap rather than a fake zero."""
+    points = []
+    for row in rows:
+        value, step = row.get(key), row.get("step")
+        if isinstance(value, (int, float)) and math.isfinite(value) and isinstance(step, int):
+            points.append((float(step), float(value)))
+    return Series(key, color, tuple(points))
+
+
+def reward_series(rows: Sequence[dict[str, Any]]) -> list[Series]:
+    """The training reward and the validation reward, in the chart's colours."""
+    return [series_of(rows, "reward/mean", "#1f77b4"), series_of(rows, "val/reward_mean", "#ff7f0e")]
+
+
+def _span(values: list[float], pad_fraction: float = 0.05) -> tuple[float, float]:
+    """A padded [low, high]; a flat line gets a unit span so it sits mid-chart, not on an edge."""
+    low, high = min(values), max(values)
+    if high - low < 1e-12:
+        return low - 0.5, high + 0.5
+    pad = (high - low) * pad_fraction
+    return low - pad, high + pad
+
+
+def _ticks(low: float, high: float, count: int = 5) -> list[float]:
+    return [low + (high - low) * i / (count - 1) for i in range(count)]
+
+
+def render_svg(series: Sequence[Series], title: str) -> str:
+    """An SVG document: one polyline (and a dot per point) per non-empty series, y ticks,
+    step ticks and a legend. Steps map left to right and values bottom to top."""
+    drawn = [s for s in series if s.points]
+    xs = [x for s in drawn for x, _ in s.points] or [0.0, 1.0]
+    ys = [y for s in drawn for _, y in s.points] or [0.0, 1.0]
+    x_low, x_high = (min(xs), max(xs)) if max(xs) > min(xs) else (min(xs) - 1, max(xs) + 1)
+    y_low, y_high = _span(ys)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def px(x: float) -> float:
+        return LEFT + (x - x_low) / (x_high - x_low) * plot_w
+
+    def py(y: float) -> float:
+        return TOP + (y_high - y) / (y_high - y_low) * plot_h
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+        f'<text x="{LEFT}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>',
+    ]
+    for y in _ticks(y_low, y_high):
+        out.append(
+            f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{py(y):.1f}" y2="{py(y):.1f}" stroke="#e5e5e5"/>'
+            f'<text x="{LEFT - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.3g}</text>'
+        )
+    for x in sorted({round(x) for x in _ticks(x_low, x_high, count=min(6, int(x_high - x_low) + 1))}):
+        out.append(
+            f'<text x="{px(x):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{x}</text>'
+        )
+    out.append(
+        f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 6}" text-anchor="middle">global step</text>'
+        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>'
+    )
+    for s in drawn:
+        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points)
+        out.append(f'<polyline class="series" data-label="{escape(s.label)}" fill="none" '
+                   f'stroke="{s.color}" stroke-width="2" points="{points}"/>')
+        out.extend(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{s.color}"/>' for x, y in s.points)
+    for i, s in enumerate(series):
+        x = WIDTH - RIGHT - 150
+        out.append(
+            f'<rect x="{x}" y="{TOP + 8 + 16 * i}" width="12" height="3" fill="{s.color}"/>'
+            f'<text x="{x + 18}" y="{TOP + 13 + 16 * i}">{escape(s.label)}</text>'
+        )
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def svg_data_uri(svg: str) -> str:
+    """The image as a ``data:`` URI (base64, so markdown sees no spaces or brackets in it)."""
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()

@@ -1,0 +1,154 @@
+"""What the Prefect UI shows of a training run: the step lines in the ``rl-train`` run's logs, a
+progress artifact, a table of the latest metrics and, at the end, the reward curve.
+
+The project keeps Prefect's own loggers at WARNING (a CLI run would otherwise print every
+task's state changes), which also drops INFO lines sent through ``get_run_logger()``. The step
+lines therefore go through a logger of their own, ``rl_train.progress``, whose only handler
+sends to the API: the run page gets them, the terminal keeps the trainer's own stderr line.
+
+Every function here is a no-op, with no API call, outside a Prefect flow run (``rl-train train
+--no-prefect``, or a trainer fitted directly). Publishing is best effort: an artifact the API
+refuses is reported on stderr and never stops training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.context import FlowRunContext
+from prefect.logging.handlers import APILogHandler
+
+from rl_train.flows.reward_chart import render_svg, reward_series, svg_data_uri
+from rl_train.storage.metrics import read_metrics
+
+PROGRESS_LOGGER = "rl_train.progress"
+"""The logger of the step lines; its records reach the API only, never the console."""
+MAX_KEY_STEM = 48
+"""Artifact keys stay short enough to read in the UI's artifact list."""
+
+_progress_artifacts: dict[UUID, UUID] = {}
+"""Flow run id -> its progress artifact, created at the first step this process publishes and
+updated after. Keyed by flow run, so a second run in the same process gets its own."""
+
+
+def artifact_key(run_name: str, kind: str) -> str:
+    """``<run>-<kind>`` in what Prefect accepts as a key (lowercase letters, digits, dashes):
+    every other character becomes a dash, runs of dashes collapse, and the stem is cut to
+    ``MAX_KEY_STEM``. A key groups the versions of one artifact, so "latest" is per run."""
+    stem = re.sub(r"[^a-z0-9]+", "-", run_name.lower()).strip("-")[:MAX_KEY_STEM].strip("-")
+    return f"{stem or 'run'}-{kind}"
+
+
+def step_run_name() -> str:
+    """The name of a ``global-step`` sub-flow run, ``<run.name>/step-N``: the runs list then
+    tells the steps of two runs apart. Prefect calls it inside the sub-flow's context, whose
+    parameters are the bound method's (``self``, the trainer, and ``step``)."""
+    context = FlowRunContext.get()
+    if context is None:
+        raise RuntimeError("step_run_name is called by Prefect inside a global-step flow run")
+    trainer, step = context.parameters["self"], context.parameters["step"]
+    return f"{trainer.config.run.name}/step-{step}"
+
+
+def _current_flow_run_id() -> UUID | None:
+    context = FlowRunContext.get()
+    return context.flow_run.id if context is not None and context.flow_run is not None else None
+
+
+def _progress_logger() -> logging.Logger:
+    logger = logging.getLogger(PROGRESS_LOGGER)
+    if not logger.handlers:
+        logger.addHandler(APILogHandler())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
+@contextlib.contextmanager
+def _best_effort(what: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:  # the API may refuse or be briefly away; training goes on
+        print(f"rl-train: could not publish {what} to Prefect: {exc}", file=sys.stderr, flush=True)
+
+
+def _table_value(value: Any) -> Any:
+    """Numbers to 6 significant digits; NaN and infinities as text (JSON has no such number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if not math.isfinite(value):
+        return str(value)
+    return value if isinstance(value, int) else float(f"{value:.6g}")
+
+
+def metrics_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per metric, sorted by name, for the table artifact."""
+    return [{"metric": key, "value": _table_value(metrics[key])} for key in sorted(metrics)]
+
+
+def publish_step(run_name: str, total_steps: int, line: str, metrics: dict[str, Any]) -> None:
+    """After each global step: its progress line to the run's logs, the progress artifact to
+    step / total, and the latest-metrics table (one new version under a stable key)."""
+    flow_run_id = _current_flow_run_id()
+    if flow_run_id is None:
+        return
+    _progress_logger().info(line, extra={"flow_run_id": flow_run_id})
+    step = int(metrics["step"])
+    percent = 100.0 * step / max(total_steps, 1)
+    description = f"{run_name}: step {step} of {total_steps}"
+    with _best_effort("the progress artifact"):
+        if flow_run_id in _progress_artifacts:
+            update_progress_artifact(_progress_artifacts[flow_run_id], percent, description=description)
+        else:
+            _progress_artifacts[flow_run_id] = create_progress_artifact(
+                percent, key=artifact_key(run_name, "progress"), description=description
+            )
+    with _best_effort("the metrics table"):
+        create_table_artifact(
+            metrics_table(metrics),
+            key=artifact_key(run_name, "metrics"),
+            description=f"{run_name}: metrics of step {step} of {total_steps}",
+        )
+
+
+def reward_curve_markdown(run_name: str, rows: list[dict[str, Any]]) -> str:
+    """The markdown artifact's text: the chart as an inline image, then the figures it draws."""
+    series = reward_series(rows)
+    image = svg_data_uri(render_svg(series, f"{run_name}: reward"))
+    lines = [f"# Reward curve of {run_name}", "", f"![reward curve of {run_name}]({image})", ""]
+    lines += ["| metric | steps | first | last | best |", "|---|---|---|---|---|"]
+    for s in series:
+        if s.points:
+            values = [y for _, y in s.points]
+            lines.append(
+                f"| {s.label} | {len(values)} | {values[0]:.4f} | {values[-1]:.4f} | {max(values):.4f} |"
+            )
+        else:
+            lines.append(f"| {s.label} | 0 | - | - | - |")
+    return "\n".join(lines) + "\n"
+
+
+def publish_run_end(run_name: str, run_dir: str) -> None:
+    """At the end of a run: the reward curve over every step in the run's ``metrics.jsonl``
+    (read back rather than taken from memory, so a resumed run's curve starts at step 1)."""
+    if _current_flow_run_id() is None:
+        return
+    with _best_effort("the reward curve"):
+        create_markdown_artifact(
+            reward_curve_markdown(run_name, read_metrics(run_dir)),
+            key=artifact_key(run_name, "reward-curve"),
+            description=f"{run_name}: reward/mean per step and val/reward_mean at validation steps",
+        )
