@@ -32,6 +32,8 @@ class AsyncTrainerHooks(BaseTrainer):
         old. (A queue of two global batches kept separate_async's demo run two versions behind
         and it stopped learning.)
         """
+        if self.start_step:  # resumed: the checkpoint's groups in flight are the warm-up (R-9.3)
+            return
         cfg = self.config.trainer
         self.replay_buffer.dispatch(cfg.train_batch_size // cfg.parameter_sync_step, step=1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 import uuid
@@ -14,17 +15,24 @@ from prefect import flow
 from rl_train.config import Config, ConfigError, config_to_yaml, mode_config_errors
 from rl_train.engines.model.tiny import create_tiny_policy
 from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
+from rl_train.flows.checkpointing import DriverState, RunCheckpointer, read_driver_state
 from rl_train.flows.context import RunContext
+from rl_train.flows.resume import LEDGER_FILE, checkpoint_store, open_run_files, plan_run_start
 from rl_train.flows.step import PhaseRunner, run_global_step, step_settings
 from rl_train.flows.ui import publish_run_end, publish_step, step_run_name
 from rl_train.storage.builtin_data import write_builtin_task
+from rl_train.storage.checkpoint import CheckpointError, CheckpointStore
 from rl_train.storage.dataset import PromptLoader, load_prompts
-from rl_train.storage.metrics import MetricsWriter
+from rl_train.storage.metrics import METRICS_FILE
 from rl_train.storage.replay_base import ReplayBufferBase
 from rl_train.storage.replay_buffer import ReplayBuffer
 from rl_train.storage.replay_buffer_async import load_sampler_class
 from rl_train.tasks import validate
 from rl_train.tasks.context import RunHandle, attach_run, detach_run
+
+logger = logging.getLogger(__name__)
+POLICY_DIR = "policy"
+"""Where a finished run leaves its policy, an HF model directory (R-9.5)."""
 
 
 def prepare_inputs(config: Config) -> None:
@@ -62,6 +70,11 @@ class BaseTrainer(ABC):
         self.run_dir = f"{config.run.output_dir.rstrip('/')}/{config.run.name}"
         self.history: list[dict[str, Any]] = []
         self._context: RunContext | None = None
+        self.start_step = 0
+        """The step the run continues after: 0 fresh, k when resumed from checkpoint k."""
+        self.requeued: list[str] = []
+        """Resumed: the prompt groups that were in flight at the checkpoint, generated anew."""
+        self.checkpointer: RunCheckpointer | None = None
 
     # -- template -----------------------------------------------------------------------
     def init(self) -> None:
@@ -72,7 +85,10 @@ class BaseTrainer(ABC):
         train_prompts = load_prompts(self.config.data.resolved_train_files())
         if self.config.trainer.val_every_steps or self.config.trainer.val_before_train:
             load_prompts(self.config.data.resolved_val_files())  # fail now, not at the first validation
-        self.metrics = MetricsWriter(self.run_dir, overwrite=self.config.run.overwrite)
+        start = plan_run_start(self.config, self.run_dir)
+        store = checkpoint_store(self.config, self.run_dir)
+        files = open_run_files(self.config, self.run_dir, start, store)
+        self.metrics, self.ledger, self.history = files.metrics, files.ledger, files.history
         ensure_ray(self.config.ray.address, self.config.ray.num_cpus)
         pools = WorkerPools.create(self.run_id, self.config, self.worker_classes)
         try:
@@ -84,13 +100,55 @@ class BaseTrainer(ABC):
             loader = PromptLoader(train_prompts, seed=self.config.run.seed)
             buffer = self.build_replay_buffer(pools, loader, sampling)
             self._context = RunContext(self.run_id, self.config, pools, buffer)
+            if start.checkpoint_step:
+                self._restore(store, start.checkpoint_step)
             attach_run(RunHandle(self.run_id, self.config, pools))
             self.metrics.write_text("config.yaml", config_to_yaml(self.config))
+            self.checkpointer = RunCheckpointer.for_run(self.config, store)
         except BaseException:
             pools.shutdown()
             detach_run(self.run_id)
             self._context = None
             raise
+
+    def _restore(self, store: CheckpointStore, step: int) -> None:
+        """Load checkpoint ``step`` into the fresh pools and the driver (R-9.3)."""
+        driver = read_driver_state(store, step)
+        expected = self.driver_state(step)
+        shape = ("num_ranks", "num_rollouts", "num_critic_ranks")
+        changed = [f"{n} {getattr(driver, n)} -> {getattr(expected, n)}" for n in shape if getattr(driver, n) != getattr(expected, n)]
+        if changed:
+            raise CheckpointError(
+                f"checkpoint {store.step_uri(step)} was saved by a run of another shape ({', '.join(changed)}); "
+                "resume it with the pool sizes it was saved with"
+            )
+        self.requeued = self.pools.load_checkpoint(store.root, step, None, driver.version)
+        self.replay_buffer.load_state_dict(driver.buffer)
+        self.context.version = driver.version
+        self.start_step = step
+        print(
+            f"resuming {self.run_dir} from checkpoint {store.step_uri(step)}: step {step + 1} is next, "
+            f"{len(self.requeued)} prompt group(s) in flight go back to rollout",
+            file=sys.stderr,
+        )
+
+    def driver_state(self, step: int) -> DriverState:
+        return DriverState(
+            step=step,
+            version=self.context.version,
+            buffer=self.replay_buffer.state_dict(),
+            num_ranks=len(self.pools.trainers),
+            num_rollouts=len(self.pools.rollouts),
+            num_critic_ranks=len(self.pools.critics),
+        )
+
+    def _checkpoint(self, step: int) -> dict[str, float]:
+        """Start checkpoint ``step`` when it is due; returns how long the step loop was held."""
+        if self.checkpointer is None or not self.checkpointer.due(step):
+            return {}
+        run_files = {METRICS_FILE: self.metrics.contents(), LEDGER_FILE: self.ledger.contents()}
+        held = self.checkpointer.save(step, self.pools, self.driver_state(step), run_files)
+        return {"timing/checkpoint": held}
 
     def build_replay_buffer(
         self, pools: WorkerPools, loader: PromptLoader, sampling: dict[str, Any]
@@ -112,12 +170,16 @@ class BaseTrainer(ABC):
         """init, the steps, teardown: pools, sockets and shared memory are released on every exit."""
         try:
             self.init()
+            if self.start_step:
+                self.replay_buffer.requeue(self.requeued, self.start_step + 1)
             self.on_train_begin()
-            pending_val = self._validate(0) if self.config.trainer.val_before_train else {}
-            for step in range(1, self.config.trainer.total_steps + 1):
+            fresh = not self.start_step
+            pending_val = self._validate(0) if self.config.trainer.val_before_train and fresh else {}
+            held: dict[str, float] = {}
+            for step in range(self.start_step + 1, self.config.trainer.total_steps + 1):
                 started = time.perf_counter()
                 self.on_step_begin(step)
-                metrics: dict[str, Any] = {"step": step, **pending_val, **self.step(step)}
+                metrics: dict[str, Any] = {"step": step, **pending_val, **held, **self.step(step)}
                 pending_val = {}
                 if self._is_validation_step(step):
                     metrics.update(self._validate(step))
@@ -125,7 +187,12 @@ class BaseTrainer(ABC):
                 metrics.update(self.rollout_activity(metrics["timing/step"]))
                 self.history.append(metrics)
                 self.metrics.write(metrics)
+                self.ledger.write({"step": step, "groups": self.context.take_trained()})
                 self._print_progress(metrics)
+                held = self._checkpoint(step)
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+            self.pools.export_policy(f"{self.run_dir}/{POLICY_DIR}")
             publish_run_end(self.config.run.name, self.run_dir)
             return self.history
         finally:
@@ -184,7 +251,14 @@ class BaseTrainer(ABC):
         publish_step(self.config.run.name, total, line, m)  # the run page in the Prefect UI
 
     def teardown(self) -> None:
-        """Close weight sync and kill the run's actors (idempotent)."""
+        """Finish the checkpoint being written, close weight sync and kill the run's actors
+        (idempotent). A write that cannot finish (a worker died) is logged, never committed."""
+        if self.checkpointer is not None:
+            checkpointer, self.checkpointer = self.checkpointer, None
+            try:
+                checkpointer.close()
+            except Exception as exc:  # the run's own error, if any, is the one to raise
+                logger.warning("the last checkpoint was not committed: %s", exc)
         if self._context is not None:
             context, self._context = self._context, None
             try:

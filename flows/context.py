@@ -7,7 +7,7 @@ tasks rejoin by id (``tasks.context``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rl_train.config import Config
 from rl_train.engines.workers.pools import PendingPush, WorkerPools
@@ -24,3 +24,9 @@ class RunContext:
     """Weight version (global step) that the rollout replicas serve, or are being pushed."""
     pending_push: PendingPush | None = None
     """separate_async: the push launched at the last step end, awaited at the next one."""
+    trained: list[str] = field(default_factory=list)
+    """The prompt groups trained since the last ``take_trained`` (the run's prompt ledger)."""
+
+    def take_trained(self) -> list[str]:
+        trained, self.trained = self.trained, []
+        return trained

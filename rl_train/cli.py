@@ -44,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--no-prefect", action="store_true", help="call the phase functions directly, without Prefect"
     )
+    train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR (a path or s3:// URI) from its newest complete checkpoint, "
+        "with the config it was started with (overrides may extend trainer.total_steps). Re-running "
+        "the original command does the same.",
+    )
 
     show = sub.add_parser("config", help="print the resolved config")
     _add_config_args(show)
@@ -108,7 +115,31 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
+def resume_overrides(run_dir: str) -> tuple[str, list[str]]:
+    """``--resume RUN_DIR``: (a local copy of the run's saved config, the overrides that pin its
+    run directory to RUN_DIR itself, wherever the saved config's output_dir pointed)."""
+    import tempfile
+
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(run_dir)
+    root = root.rstrip("/")
+    saved = f"{root}/config.yaml"
+    if not fs.exists(saved):
+        raise ConfigError(f"--resume {run_dir}: no run there ({saved} does not exist)")
+    handle, local = tempfile.mkstemp(prefix="rlt-resume-", suffix=".yaml")
+    with open(handle, "wb") as out:
+        out.write(fs.cat_file(saved))
+    parent, _, name = run_dir.rstrip("/").rpartition("/")
+    return local, [f"run.output_dir={parent or '.'}", f"run.name={name}", "checkpoint.resume=true"]
+
+
 def _train(args: argparse.Namespace) -> int:
+    if args.resume:
+        if args.config:
+            raise ConfigError("--resume uses the run's saved config.yaml; drop --config")
+        args.config, pinned = resume_overrides(args.resume)
+        args.overrides = [*args.overrides, *pinned]
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
     from rl_train.storage.dataset import DatasetError
     from rl_train.storage.metrics import RunDirectoryExistsError
@@ -144,12 +175,12 @@ def check_inputs(config: Config) -> None:
     its data_source, and the run directory.
 
     Raises ``FileNotFoundError``, ``DatasetError`` or ``RunDirectoryExistsError``. The run
-    directory comes last: with ``run.overwrite`` it clears the previous run's metrics, which
-    only a run that is about to start may do.
+    directory comes last and is only inspected (fresh, resume or overwrite: ``plan_run_start``);
+    the trainer acts on it when it starts.
     """
     from rl_train.engines.reward.rules import route_reward_fn
+    from rl_train.flows.resume import plan_run_start
     from rl_train.storage.dataset import load_prompts
-    from rl_train.storage.metrics import claim_run_dir
 
     if not config.model.create_if_missing and not Path(config.model.path).exists():
         raise FileNotFoundError(
@@ -165,7 +196,7 @@ def check_inputs(config: Config) -> None:
     load_prompts(data.resolved_train_files(), check_data_source=route_reward_fn)
     if needs_val:
         load_prompts(data.resolved_val_files(), check_data_source=route_reward_fn)
-    claim_run_dir(f"{config.run.output_dir.rstrip('/')}/{config.run.name}", config.run.overwrite)
+    plan_run_start(config, f"{config.run.output_dir.rstrip('/')}/{config.run.name}")
 
 
 if __name__ == "__main__":

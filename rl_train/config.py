@@ -20,6 +20,7 @@ from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.critic_config import CriticConfig, check_critic_enable
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.modes import MODES
+from rl_train.storage.checkpoint_config import CheckpointConfig
 from rl_train.storage.replay_config import ReplayConfig
 
 
@@ -148,6 +149,8 @@ class Config(StrictModel):
     """Replay buffer: staleness control, group filter, prefetch, custom sampler."""
     ray: RayConfig = Field(default_factory=RayConfig)
     """Ray placement."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Checkpoints and resume: cadence, location, retention."""
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Config:

@@ -81,16 +81,48 @@ def _finite(value: Any, path: str, nonfinite: dict[str, str]) -> Any:
 
 
 class MetricsWriter:
-    """Writes one line per step to ``<run_dir>/metrics.jsonl`` (and other run files)."""
+    """Writes one line per step to ``<run_dir>/metrics.jsonl`` (and other run files).
 
-    def __init__(self, run_dir: str, overwrite: bool = False) -> None:
-        claim_run_dir(run_dir, overwrite)
+    ``resume_from``: a resumed run's lines up to its checkpoint; they replace the file (rows of
+    later steps, which the run will redo, go), and the run appends after them. ``name``: a
+    JSON-lines file other than ``metrics.jsonl`` with the same rules; ``claim``: check (and
+    with ``overwrite`` clear) the run directory first, as a fresh run's metrics writer does.
+    """
+
+    def __init__(
+        self,
+        run_dir: str,
+        overwrite: bool = False,
+        *,
+        resume_from: bytes | None = None,
+        name: str = METRICS_FILE,
+        claim: bool = True,
+    ) -> None:
+        if claim and resume_from is None:
+            claim_run_dir(run_dir, overwrite)
         self.fs, self.root = fsspec.core.url_to_fs(run_dir)
         self.fs.makedirs(self.root, exist_ok=True)
-        self.path = _metrics_path(self.root)
+        self.path = f"{self.root.rstrip('/')}/{name}"
         self._append = appends_in_place(self.fs)
         self._lines: list[str] = []
         """Every line so far, kept only where the file is rewritten whole."""
+        if resume_from is not None or not claim:
+            text = (resume_from or b"").decode()
+            self._lines = [line + "\n" for line in text.splitlines() if line.strip()]
+            self._replace("".join(self._lines))
+            if self._append:
+                self._lines = []
+
+    def _replace(self, text: str) -> None:
+        """Write the whole file through a temporary name, so a kill never leaves it torn."""
+        partial = f"{self.path}.partial"
+        with self.fs.open(partial, "w") as handle:
+            handle.write(text)
+        self.fs.mv(partial, self.path)
+
+    def contents(self) -> bytes:
+        """The file as it stands (what a checkpoint keeps of it)."""
+        return self.fs.cat_file(self.path) if self.fs.exists(self.path) else b""
 
     def write(self, metrics: dict[str, Any]) -> None:
         """Add one step's line: appended in place, or the whole file rewritten on object stores."""

@@ -31,3 +31,17 @@ class ReplayBufferBase:
     def pop_metrics(self) -> dict[str, float]:
         """Replay figures since the last call (R-7.6); a custom sampler may report none."""
         return {}
+
+    # -- checkpoint (R-9.2, R-9.3) -------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the buffer (plain data): at least the data position."""
+        return {"loader_position": self.loader.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.position = int(state["loader_position"])
+
+    def requeue(self, keys: list[str], step: int) -> None:
+        """Resumed: ``keys`` are pending prompt groups restored into the queue (they were in
+        flight at the checkpoint); generate them before any new prompt is drawn."""
+        if keys:
+            raise NotImplementedError(f"{type(self).__name__} cannot resume prompts in flight")

@@ -49,6 +49,8 @@ class ReplayBuffer(ReplayBufferBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._counts: Counter[str] = Counter()
+        self._carry: list[str] = []
+        """Resumed prompt groups, pending in the queue: the next draws take them first."""
 
     def dispatch(self, num_groups: int, step: int) -> list[str]:
         """Generate ``num_groups`` new prompt groups (blocking); with the DAPO filter, keep
@@ -116,11 +118,13 @@ class ReplayBuffer(ReplayBufferBase):
         )
 
     def _put_prompts(self, num_groups: int, step: int) -> list[str]:
-        taken = self.loader.take(num_groups)
+        carried, self._carry = self._carry[:num_groups], self._carry[num_groups:]
+        taken = self.loader.take(num_groups - len(carried))
         records = {f"p{index}": dict(row, prompt_step=step) for index, row in taken}
         tags = {key: {"kind": "prompt", "status": "pending", "step": step} for key in records}
-        call(self.tq, "put", PARTITION, records, tags)
-        return list(records)
+        if records:
+            call(self.tq, "put", PARTITION, records, tags)
+        return carried + list(records)
 
     def _generate_round(self, keys: list[str]) -> tuple[list[str], list[str]]:
         """Every replica generates its shard at once, then each is awaited on its own, so one
@@ -202,5 +206,5 @@ class ReplayBuffer(ReplayBufferBase):
         self._counts.clear()
         return metrics
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"loader_position": self.loader.position}
+    def requeue(self, keys: list[str], step: int) -> None:
+        self._carry = list(keys)

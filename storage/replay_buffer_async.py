@@ -265,4 +265,20 @@ class ReplayBufferAsync(ReplayBufferBase):
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        return {"loader_position": self.loader.position, "dispatched": self._counts["dispatched"]}
+        return {
+            "loader_position": self.loader.position,
+            "dispatched": self._counts["dispatched"],
+            "target": self._target,
+            "next_replica": self._next_replica,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._counts["dispatched"] = int(state.get("dispatched", 0))
+        self._target = int(state.get("target", 0))
+        self._next_replica = int(state.get("next_replica", 0))
+
+    def requeue(self, keys: list[str], step: int) -> None:
+        """The restored pending groups go back to the replicas, round robin, in their order."""
+        for key in keys:
+            self._enqueue(key)

@@ -129,6 +129,35 @@ class TransferQueue:
         if batch and delete_records:
             self.delete(batch["partition"], batch["keys"])
 
+    # -- checkpoint (R-9.2): the records and tags of some partitions, and back -----------
+    def export_records(self, partitions: Iterable[str]) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+        """``(partition, key, fields, tags)`` of every record in ``partitions``, insertion order.
+
+        Batches are not exported: a checkpoint is taken between global steps, when every
+        batch has been trained and released."""
+        rows = []
+        for partition in partitions:
+            fields, tags = self._partition(partition)
+            rows += [(partition, key, dict(record), dict(tags[key])) for key, record in fields.items()]
+        return rows
+
+    def import_records(self, rows: Iterable[tuple[str, str, dict[str, Any], dict[str, Any]]]) -> int:
+        """Put exported rows back as they were (tags included, no lifecycle check: they were
+        valid when exported). A partition must be empty before its rows come back."""
+        rows = list(rows)
+        for partition in {r[0] for r in rows}:
+            fields, _ = self._partition(partition)
+            if fields:
+                raise ValueError(
+                    f"TransferQueue partition {partition!r} already holds {len(fields)} records; "
+                    "a checkpoint is restored into an empty queue"
+                )
+        for partition, key, record, record_tags in rows:
+            fields, tags = self._partition(partition)
+            fields[key] = dict(record)
+            tags[key] = dict(record_tags)
+        return len(rows)
+
     def stats(self) -> dict[str, int]:
         return {f"tq/{p}_records": len(f) for p, f in self._fields.items()} | {
             "tq/batches": len(self._batches)

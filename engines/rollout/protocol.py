@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 from rl_train.engines.weight_sync.base import NamedTensors
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
 
     from rl_train.engines.weight_sync.boundaries import SparseUpdates
@@ -104,6 +105,13 @@ class RolloutEngine(Protocol):
     def export_weights(self) -> NamedTensors:
         """The engine's weights, HF-named, as loaded (dtype unchanged)."""
         ...
+
+    def sampling_state(self) -> torch.Tensor:
+        """The state of the engine's own sampling stream (a checkpoint, R-9.2): restored with
+        ``load_sampling_state``, the engine draws the same samples it would have drawn."""
+        ...
+
+    def load_sampling_state(self, state: torch.Tensor) -> None: ...
 
 
 @runtime_checkable

@@ -62,6 +62,12 @@ class TorchRolloutEngine:
         self._asleep = False
         self._kv_released = False
 
+    def sampling_state(self) -> torch.Tensor:
+        return self._generator.get_state()
+
+    def load_sampling_state(self, state: torch.Tensor) -> None:
+        self._generator.set_state(state)
+
     # -- generation ---------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         with self._state:

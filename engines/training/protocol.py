@@ -8,6 +8,7 @@ conformance suite (tests/unit/test_engine_conformance.py) then checks its behavi
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -53,5 +54,15 @@ class TrainingEngine(Protocol):
         ...
 
     def state_dict(self) -> dict[str, object]:
-        """Model, optimizer and scheduler state (a checkpoint)."""
+        """Model, optimizer and scheduler state (a checkpoint, R-9.2): nested dicts and lists of
+        tensors and plain values, which the checkpoint store writes as safetensors + JSON."""
+        ...
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore what ``state_dict`` returned: the next update is the one the saved engine made."""
+        ...
+
+    def save_pretrained(self, path: Path) -> None:
+        """Write the policy as an HF model directory (safetensors, config, tokenizer) that
+        ``transformers`` loads as it is (R-9.5)."""
         ...

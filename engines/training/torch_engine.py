@@ -200,6 +200,10 @@ class TorchTrainingEngine:
             "scheduler": self.scheduler.state_dict(),
         }
 
+    def save_pretrained(self, path: Path) -> None:
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.model.load_state_dict(state["model"])  # type: ignore[arg-type]
         self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]

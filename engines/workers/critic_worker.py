@@ -18,6 +18,8 @@ import torch.distributed as dist
 from rl_train.algorithms.critic_loss import build_critic_loss_fn, explained_variance
 from rl_train.engines.training.critic_config import CriticConfig
 from rl_train.engines.training.value_engine import TorchValueEngine
+from rl_train.engines.workers.checkpoint_io import CheckpointSnapshot, clone_state, rng_state, set_rng_state
+from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 from rl_train.storage.records import collate, scatter_response
 
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
@@ -49,6 +51,7 @@ class CriticWorker:
         self.pad_token_id = int(self.engine.tokenizer.pad_token_id)  # type: ignore[attr-defined]
         self.loss_fn = build_critic_loss_fn(self.cfg)
         self.tq = tq
+        self._checkpoint: CheckpointSnapshot | None = None
 
     def compute_values(self, partition: str, keys: list[str]) -> int:
         """(6) V_old of every response token of ``keys``, written as ``values`` on each record."""
@@ -90,6 +93,21 @@ class CriticWorker:
 
     def state_dict(self) -> dict[str, Any]:
         return self.engine.state_dict()
+
+    # -- checkpoint (R-9.2): as a trainer rank's, without the policy directory ----------
+    def snapshot_checkpoint(self, with_policy: bool = False) -> None:
+        self._checkpoint = CheckpointSnapshot(clone_state(self.engine.state_dict()), clone_state(rng_state()))
+
+    def write_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None) -> list[PartEntry]:
+        snapshot, self._checkpoint = self._checkpoint, None
+        if snapshot is None:
+            raise RuntimeError(f"critic rank {self.rank}: write_checkpoint({step}) without a snapshot")
+        return snapshot.write(CheckpointStore(root, storage_options=storage_options), step, f"critic/rank-{self.rank}")
+
+    def load_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None) -> None:
+        store = CheckpointStore(root, storage_options=storage_options)
+        self.engine.load_state_dict(store.read_state(step, f"critic/rank-{self.rank}/engine"))
+        set_rng_state(store.read_state(step, f"critic/rank-{self.rank}/rng"))
 
     def ping(self) -> int:
         return self.rank

@@ -28,6 +28,8 @@ from rl_train.engines.workers.trainer_worker import TrainerWorker
 QUEUE_ACTOR = "transfer-queue"
 SYNC_GROUP = "weight_sync"
 """The trainer actors' concurrency group for pushes: a push runs beside the next step's work."""
+CHECKPOINT_GROUP = "checkpoint"
+"""The training and critic actors' group for checkpoint writes, beside the next step's work."""
 
 
 class RunGoneError(RuntimeError):
@@ -88,6 +90,16 @@ class PendingPush:
             for key, value in replica_metrics.items():
                 metrics[key] = max(metrics.get(key, 0.0), value)
         return metrics
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint's parts being written by the workers: ``wait()`` returns their entries."""
+
+    refs: list[Any]
+
+    def wait(self) -> list[Any]:
+        return [entry for entries in ray.get(self.refs) for entry in entries]
 
 
 def _wait(refs: list[Any]) -> list[Any]:
@@ -166,7 +178,7 @@ class WorkerPools:
                     config.actor.kl_loss or config.algorithm.kl_in_reward,  # needs the reference model
                     tool_env,  # the spare rescue engine meets the same tools
                     config.rollout.engine,
-                    groups={SYNC_GROUP: 1},
+                    groups={SYNC_GROUP: 1, CHECKPOINT_GROUP: 1},
                 )
                 for rank in range(world)
             ]
@@ -186,6 +198,7 @@ class WorkerPools:
                     config.run.seed,
                     tq,
                     critic_address,
+                    groups={CHECKPOINT_GROUP: 1},
                 )
                 for rank in range(num_critics)
             ]
@@ -379,6 +392,45 @@ class WorkerPools:
 
     def rescue_generate(self, keys: list[str], n: int, params: dict[str, Any], version: int) -> None:
         ray.get(self.trainers[0].rescue_generate.remote("train", keys, n, params, version))
+
+    # -- checkpoint (R-9.2, R-9.3) -----------------------------------------------------------
+    def start_checkpoint(
+        self, root: str, step: int, storage_options: dict[str, Any] | None, with_policy: bool
+    ) -> PendingCheckpoint:
+        """Snapshot every stateful worker now, and start writing checkpoint ``step``'s parts.
+
+        Returns once the training and critic ranks hold a host copy of their state (the next
+        update may start); their writes run in each actor's checkpoint thread. The queue's
+        table is taken in one call on the queue actor, ordered before anything this driver
+        sends it next. ``PendingCheckpoint.wait()`` gives every part's manifest entry.
+        """
+        ranks = [*self.trainers, *self.critics]
+        _wait([rank.snapshot_checkpoint.remote(with_policy) for rank in ranks])
+        refs = [self.tq.save_checkpoint.remote(root, step, storage_options)]
+        refs += [
+            replica.save_checkpoint.remote(root, step, storage_options, i) for i, replica in enumerate(self.rollouts)
+        ]
+        refs += [
+            rank.write_checkpoint.options(concurrency_group=CHECKPOINT_GROUP).remote(root, step, storage_options)
+            for rank in ranks
+        ]
+        return PendingCheckpoint(refs)
+
+    def load_checkpoint(
+        self, root: str, step: int, storage_options: dict[str, Any] | None, version: int
+    ) -> list[str]:
+        """Restore every worker's part of checkpoint ``step``, then push the restored weights to
+        the rollout replicas as ``version``. Returns the prompt keys put back to pending."""
+        refs = [rank.load_checkpoint.remote(root, step, storage_options) for rank in (*self.trainers, *self.critics)]
+        refs += [r.load_checkpoint.remote(root, step, storage_options, i) for i, r in enumerate(self.rollouts)]
+        requeued = self.tq.load_checkpoint.remote(root, step, storage_options, version)
+        _wait(refs)
+        self.sync_weights(version)
+        return list(ray.get(requeued))
+
+    def export_policy(self, uri: str) -> list[str]:
+        """The policy as an HF model directory at ``uri`` (rank 0 holds the whole model)."""
+        return list(ray.get(self.trainers[0].export_policy.remote(uri)))
 
     # -- weight sync -------------------------------------------------------------------------
     def open_weight_sync(self, cfg: Any) -> None:

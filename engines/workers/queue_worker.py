@@ -19,8 +19,12 @@ from typing import Any
 from rl_train.algorithms.advantage_phase import AdvantagePhase, bypass_old_log_probs
 from rl_train.algorithms.balance import partition_by_tokens
 from rl_train.algorithms.config import AlgorithmConfig
+from rl_train.storage.checkpoint import CheckpointStore, PartEntry
+from rl_train.storage.tq_table import records_to_table, requeue_in_flight, table_to_records
 from rl_train.storage.transfer_queue import PARTITIONS, TransferQueue
 
+CHECKPOINT_PARTITIONS = ("train",)
+"""What a checkpoint keeps: validation and greedy records live within one phase."""
 GREEDY_PARTITION = "greedy"
 """ReMax's greedy answers: generated, scored and deleted within one phase, never trained on."""
 
@@ -41,6 +45,29 @@ class QueueWorker(TransferQueue):
 
     def weight_sync_handover(self) -> bool:
         return self._handover
+
+    # -- checkpoint (R-9.1 - R-9.3) ---------------------------------------------------------
+    def save_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None) -> list[PartEntry]:
+        """The train partition (every record's fields and tags, prompts in flight included) as
+        one Parquet table, and the advantage phase's state. Taken in one actor call, so no
+        rollout write lands half-way through it."""
+        store = CheckpointStore(root, storage_options=storage_options)
+        table = records_to_table(self.export_records(CHECKPOINT_PARTITIONS))
+        return [
+            store.write_table(step, "queue/records.parquet", table),
+            store.write_json(step, "queue/algorithm.json", self._advantage.state_dict()),
+        ]
+
+    def load_checkpoint(
+        self, root: str, step: int, storage_options: dict[str, Any] | None, version: int
+    ) -> list[str]:
+        """Restore the saved records; the prompts that were in flight go back to pending without
+        their partial trajectories (``requeue_in_flight``). Returns those prompt keys."""
+        store = CheckpointStore(root, storage_options=storage_options)
+        rows, requeued = requeue_in_flight(table_to_records(store.read_table(step, "queue/records.parquet")), version)
+        self.import_records(rows)
+        self._advantage.load_state_dict(store.read_json(step, "queue/algorithm.json"))
+        return requeued
 
     # -- phases ------------------------------------------------------------------------------
     def balance_batch(self, batch_id: str, num_ranks: int) -> dict[str, float]:

@@ -13,7 +13,9 @@ from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.rollout.tool_env import DelayedCalls, ToolEnvConfig
 from rl_train.engines.weight_sync.base import WeightReceiver
 from rl_train.engines.weight_sync.boundaries import run_receiver
+from rl_train.engines.workers.checkpoint_io import rng_state, set_rng_state
 from rl_train.engines.workers.generation_loop import GenerationLoop
+from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
 
 class RolloutWorker:
@@ -188,6 +190,19 @@ class RolloutWorker:
 
     def abort(self) -> int:
         return self.engine.abort()
+
+    def save_checkpoint(
+        self, root: str, step: int, storage_options: dict[str, Any] | None, index: int
+    ) -> list[PartEntry]:
+        """This replica's sampling stream and process RNG (its weights come from the trainer)."""
+        store = CheckpointStore(root, storage_options=storage_options)
+        state = {"sampling": self.engine.sampling_state(), "process": rng_state()}
+        return store.write_state(step, f"rollout/replica-{index}/rng", state)
+
+    def load_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None, index: int) -> None:
+        state = CheckpointStore(root, storage_options=storage_options).read_state(step, f"rollout/replica-{index}/rng")
+        self.engine.load_sampling_state(state["sampling"])
+        set_rng_state(state["process"])
 
     def version(self) -> int:
         return self.engine.version

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
+import fsspec
 import ray
 import torch
 import torch.distributed as dist
@@ -16,6 +20,8 @@ from rl_train.engines.training.nonfinite import NonFiniteStepGuard
 from rl_train.engines.training.registry import build_training_engine
 from rl_train.engines.weight_sync.base import WeightSender
 from rl_train.engines.weight_sync.boundaries import run_sender
+from rl_train.engines.workers.checkpoint_io import CheckpointSnapshot, clone_state, rng_state, set_rng_state
+from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 from rl_train.storage.records import collate, scatter_response
 
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
@@ -69,6 +75,7 @@ class TrainerWorker:
         self.tool_env, self.rollout_engine = tool_env, rollout_engine
         self._frozen: tuple[int, list[tuple[str, torch.Tensor]]] = (-1, [])
         self._frozen_ready = threading.Condition()
+        self._checkpoint: CheckpointSnapshot | None = None
 
     def _records(self, partition: str, keys: list[str], fields: list[str]) -> list[dict[str, Any]]:
         return ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS + fields)) if keys else []
@@ -186,6 +193,57 @@ class TrainerWorker:
 
     def state_dict(self) -> dict[str, Any]:
         return self.engine.state_dict()
+
+    # -- checkpoint (R-9.2, R-9.5) -------------------------------------------------------
+    def snapshot_checkpoint(self, with_policy: bool) -> None:
+        """Between updates: copy this rank's state to host memory (and, on rank 0 with
+        ``with_policy``, the policy to a local HF directory), so the write can run beside the
+        next update (``write_checkpoint``, in the checkpoint group)."""
+        self._drop_checkpoint_snapshot()
+        policy_dir = None
+        if with_policy and self.rank == 0:
+            policy_dir = Path(tempfile.mkdtemp(prefix="rlt-policy-"))
+            self.engine.save_pretrained(policy_dir)
+        self._checkpoint = CheckpointSnapshot(
+            state=clone_state(self.engine.state_dict()),
+            rng=clone_state(rng_state()),
+            nonfinite_in_row=self.nonfinite.in_row,
+            policy_dir=policy_dir,
+        )
+
+    def write_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None) -> list[PartEntry]:
+        """Write the last snapshot's parts into checkpoint ``step``; returns their entries."""
+        snapshot = self._checkpoint
+        if snapshot is None:
+            raise RuntimeError(f"trainer rank {self.rank}: write_checkpoint({step}) without a snapshot")
+        try:
+            return snapshot.write(CheckpointStore(root, storage_options=storage_options), step, f"actor/rank-{self.rank}")
+        finally:
+            self._drop_checkpoint_snapshot()
+
+    def load_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None) -> None:
+        store = CheckpointStore(root, storage_options=storage_options)
+        prefix = f"actor/rank-{self.rank}"
+        self.engine.load_state_dict(store.read_state(step, f"{prefix}/engine"))
+        set_rng_state(store.read_state(step, f"{prefix}/rng"))
+        self.nonfinite.in_row = int(store.read_json(step, f"{prefix}/worker.json")["nonfinite_in_row"])
+
+    def export_policy(self, uri: str) -> list[str]:
+        """Write the current policy as an HF model directory at ``uri`` (a path or s3:// URI,
+        R-9.5); returns the files written."""
+        fs, root = fsspec.core.url_to_fs(uri)
+        with tempfile.TemporaryDirectory(prefix="rlt-policy-") as tmp:
+            self.engine.save_pretrained(Path(tmp))
+            files = sorted(p for p in Path(tmp).rglob("*") if p.is_file())
+            fs.makedirs(root, exist_ok=True)
+            for path in files:
+                fs.put_file(str(path), f"{root.rstrip('/')}/{path.relative_to(tmp).as_posix()}")
+        return [path.relative_to(tmp).as_posix() for path in files]
+
+    def _drop_checkpoint_snapshot(self) -> None:
+        snapshot, self._checkpoint = self._checkpoint, None
+        if snapshot is not None and snapshot.policy_dir is not None:
+            shutil.rmtree(snapshot.policy_dir, ignore_errors=True)
 
     def ping(self) -> int:
         return self.rank

@@ -70,6 +70,19 @@ class AdvantagePhase:
             needs=estimator_needs(algorithm.adv_estimator),
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the phase carries across steps (a checkpoint): the adaptive KL coefficient and
+        the runbook's trend windows."""
+        return {
+            "kl_coef": None if self.kl_controller is None else self.kl_controller.value,
+            "runbook": self.monitor.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.kl_controller is not None and state.get("kl_coef") is not None:
+            self.kl_controller.value = float(state["kl_coef"])
+        self.monitor.load_state_dict(state.get("runbook", {}))
+
     def compute(self, records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, float]]:
         """-> (fields to write back, one dict per record; metrics). See the module docstring."""
         mask = pad_response(records, "response_mask", fill=1.0)

@@ -82,6 +82,15 @@ class RunbookMonitor:
             key: deque(maxlen=RISING_STEPS + 1) for key in ("rollout_corr/k3_kl", "rollout_corr/ppl_ratio")
         }
 
+    def state_dict(self) -> dict[str, list[float]]:
+        return {key: list(history) for key, history in self._history.items()}
+
+    def load_state_dict(self, state: Mapping[str, list[float]]) -> None:
+        for key, values in state.items():
+            if key in self._history:
+                self._history[key].clear()
+                self._history[key].extend(float(v) for v in values)
+
     def check(self, metrics: Mapping[str, float]) -> list[str]:
         """Return (and log at WARNING) the runbook messages triggered by this step's metrics."""
         warnings = []
