@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -81,3 +82,8 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+# A local S3 server (moto) for any test: s3_endpoint (session) and s3_root (a bucket per test).
+sys.path.insert(0, str(Path(__file__).parent))
+from s3_fixture import s3_endpoint, s3_root  # noqa: E402, F401

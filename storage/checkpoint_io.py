@@ -1,0 +1,264 @@
+"""Bytes in and out of a checkpoint: one fsspec code path for local disk and ``s3://``.
+
+- **The URI picks the filesystem** (``fsspec.core.url_to_fs``). The only difference kept is how
+  a file becomes visible under its final name (``Publisher``): an object store shows an object
+  only once its upload completes, so it is written in place; local disk shows a file while it
+  is written, so it is written under a temporary name in the same folder and renamed with
+  ``os.replace`` (a killed writer leaves a temporary file, never a half file under the name).
+- **Checksums are taken from the bytes as they go by**, never by reading a file back. Large
+  buffers are hashed on a helper thread while the same chunk is written or the next one read:
+  ``hashlib`` and file I/O both release the GIL, so the checksum costs little wall time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO, Protocol
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.spec import AbstractBufferedFile
+
+from rl_train.storage.checkpoint_manifest import CheckpointCorruptError, PartEntry
+
+CHUNK_BYTES = 8 << 20
+"""Unit of streaming and of overlapped hashing: large enough that per-chunk costs vanish,
+small enough that a chunk in flight costs little memory."""
+INLINE_HASH_BYTES = 1 << 20
+"""Below this a chunk is hashed on the calling thread: a hand-off costs more than the hash."""
+S3_PROTOCOLS = ("s3", "s3a")
+S3_EXTRA_HINT = "pip install 'rl-train[s3]'"
+
+
+def open_filesystem(root: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and path of ``root``. An ``s3://`` root needs s3fs (an optional extra);
+    without explicit options it takes its endpoint from ``AWS_ENDPOINT_URL_S3`` or
+    ``AWS_ENDPOINT_URL``, as botocore would, but stated in the options so that fsspec's cache
+    of filesystem instances never hands back one built for another endpoint."""
+    protocol = fsspec.core.split_protocol(root)[0]
+    if protocol in S3_PROTOCOLS:
+        try:
+            import s3fs  # noqa: F401
+        except ImportError as error:
+            raise ImportError(f"the checkpoint root {root} is on S3, which needs s3fs: {S3_EXTRA_HINT}") from error
+        if storage_options is None:
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            storage_options = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
+    fs, path = fsspec.core.url_to_fs(root, **(storage_options or {}))
+    return fs, path.rstrip("/")
+
+
+class Publisher(Protocol):
+    """How a written file appears under its final name, all at once or not at all."""
+
+    def open(self, path: str, durable: bool = False) -> contextlib.AbstractContextManager[BinaryIO]:
+        """A handle to write ``path``; the file appears when the block exits without an error.
+        ``durable``: also survive a power loss (fsync), for small commit records."""
+        ...
+
+
+class LocalPublisher:
+    """Write ``.<name>.<random>.tmp`` beside the target, then ``os.replace`` it into place."""
+
+    @contextlib.contextmanager
+    def open(self, path: str, durable: bool = False) -> Iterator[BinaryIO]:
+        folder, name = os.path.split(path)
+        os.makedirs(folder, exist_ok=True)
+        temp = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(temp, "wb") as handle:
+                yield handle
+                if durable:
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temp)
+            raise
+
+
+class ObjectPublisher:
+    """Object stores publish an object when its upload completes: write in place, and on an
+    error abort the upload rather than complete it with what was written so far."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+        self.fs = fs
+
+    @contextlib.contextmanager
+    def open(self, path: str, durable: bool = False) -> Iterator[BinaryIO]:
+        handle = self.fs.open(path, "wb")
+        try:
+            yield handle
+        except BaseException:
+            if isinstance(handle, AbstractBufferedFile):
+                handle.discard()
+                handle.closed = True  # closing would upload the partial buffer
+            raise
+        handle.close()
+
+
+def build_publisher(fs: fsspec.AbstractFileSystem) -> Publisher:
+    return LocalPublisher() if isinstance(fs, LocalFileSystem) else ObjectPublisher(fs)
+
+
+def byte_view(data: Any) -> memoryview:
+    """A flat byte view of any buffer (bytes, numpy array, pyarrow buffer), without a copy."""
+    return memoryview(data).cast("B")
+
+
+class _Overlap:
+    """Runs ``hash.update`` of one chunk on a helper thread while the caller moves the next.
+    Updates stay in order: each waits for the previous one before it starts."""
+
+    def __init__(self) -> None:
+        self.sha256 = hashlib.sha256()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+
+    def update(self, chunk: memoryview) -> None:
+        self.wait()
+        if len(chunk) < INLINE_HASH_BYTES:
+            self.sha256.update(chunk)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-hash")
+        self._pending = self._pool.submit(self.sha256.update, chunk)
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        self.wait()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+class HashingWriter:
+    """Writes to ``handle`` and counts and hashes what it writes: the ``PartEntry`` of the file."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle = handle
+        self.size = 0
+        self._hash = _Overlap()
+
+    def write(self, data: Any) -> int:
+        view = byte_view(data)
+        try:
+            for start in range(0, len(view), CHUNK_BYTES):
+                chunk = view[start : start + CHUNK_BYTES]
+                self._hash.update(chunk)
+                self.handle.write(chunk)
+                self.size += len(chunk)
+        finally:
+            self._hash.wait()  # the caller may reuse its buffer once write returns
+        return len(view)
+
+    def close(self) -> None:
+        self._hash.close()
+
+    def entry(self, relpath: str) -> PartEntry:
+        self.close()
+        return PartEntry(path=relpath, size=self.size, sha256=self._hash.sha256.hexdigest())
+
+
+class VerifiedReader:
+    """Reads a stored file that must match its manifest entry; ``finish`` raises
+    ``CheckpointCorruptError`` (naming ``label``) when its size or checksum do not."""
+
+    def __init__(self, handle: BinaryIO, label: str, expected: PartEntry) -> None:
+        self.handle = handle
+        self.label = label
+        self.expected = expected
+        self.size = 0
+        self._hash = _Overlap()
+
+    def read_all(self) -> bytes:
+        """The rest of the file (small files: one read, hashed after it)."""
+        data = self.handle.read()
+        self._hash.update(memoryview(data))
+        self.size += len(data)
+        return data
+
+    def read_exact(self, num_bytes: int) -> bytes:
+        buffer = bytearray(num_bytes)
+        self.readinto_exact(memoryview(buffer))
+        return bytes(buffer)
+
+    def readinto_exact(self, target: memoryview) -> None:
+        """Fill ``target`` (a flat byte view), hashing each chunk while the next one is read."""
+        try:
+            for start in range(0, len(target), CHUNK_BYTES):
+                chunk = target[start : start + CHUNK_BYTES]
+                got = 0
+                while got < len(chunk):
+                    num_read = self.handle.readinto(chunk[got:])
+                    if not num_read:
+                        self.size += got
+                        raise self.corrupt(
+                            f"size {self.size} != {self.expected.size} in the manifest (ends early)"
+                        )
+                    got += num_read
+                self._hash.update(chunk)
+                self.size += got
+        finally:
+            self._hash.wait()
+
+    def copy_to(self, write: Callable[[memoryview], object]) -> None:
+        """Pass the rest of the file to ``write`` chunk by chunk."""
+        self.size += _pump(self.handle, self._hash, write)
+
+    def finish(self) -> None:
+        """Check that the file ends here and that its checksum is the manifest's."""
+        self._hash.close()
+        rest = len(self.handle.read())
+        if rest or self.size != self.expected.size:
+            raise self.corrupt(f"size {self.size + rest} != {self.expected.size} in the manifest")
+        digest = self._hash.sha256.hexdigest()
+        if digest != self.expected.sha256:
+            raise self.corrupt(f"checksum sha256 {digest} != {self.expected.sha256} in the manifest")
+
+    def corrupt(self, problem: str) -> CheckpointCorruptError:
+        return CheckpointCorruptError(f"{self.label}: {problem}")
+
+    def close(self) -> None:
+        self._hash.close()
+
+
+def _pump(handle: BinaryIO, overlap: _Overlap, write: Callable[[memoryview], object] | None) -> int:
+    """Read ``handle`` to its end in chunks, hashing each while the next is read (two buffers
+    take turns) and passing it to ``write``; the number of bytes read."""
+    buffers = [bytearray(CHUNK_BYTES), bytearray(CHUNK_BYTES)]
+    total, turn = 0, 0
+    try:
+        while True:
+            view = memoryview(buffers[turn])
+            num_read = handle.readinto(view)
+            if not num_read:
+                return total
+            overlap.update(view[:num_read])  # waits for the previous chunk: the other buffer
+            if write is not None:
+                write(view[:num_read])
+            total += num_read
+            turn = 1 - turn
+    finally:
+        overlap.wait()
+
+
+def hash_stored_file(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """SHA-256 of a stored file, streamed."""
+    overlap = _Overlap()
+    try:
+        with fs.open(path, "rb") as handle:
+            _pump(handle, overlap, None)
+    finally:
+        overlap.close()
+    return overlap.sha256.hexdigest()
