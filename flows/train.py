@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
+from prefect.runtime import flow_run as this_flow_run
 
 from rl_train.config import Config, load_config
+from rl_train.flows.deployment_run import deployment_config, under_root
 from rl_train.flows.registry import get_trainer_class
 
 
@@ -42,13 +44,20 @@ def train_flow(
     overrides: list[str] | None = None,
     resolved: dict[str, Any] | None = None,
     mode: str | None = None,
+    root: str | None = None,
 ) -> dict[str, Any]:
     """Train with the config file ``config`` plus dotted ``overrides`` (or a ``resolved`` dict).
 
     ``mode`` (set by each deployment) pins ``trainer.mode`` after the overrides, so a run
     that passes its own ``overrides`` still runs the mode its deployment is named for.
+    ``root`` (set by ``rl-train serve``) marks a deployment run: relative paths, the config
+    file's included, resolve under it, and a run that names no ``run.name`` gets its own
+    (``rl_train.flows.deployment_run``).
     """
-    return run_training(resolve_config(config, overrides, resolved, mode))
+    if root is None:
+        return run_training(resolve_config(config, overrides, resolved, mode))
+    cfg = resolve_config(under_root(config, root) if config else None, overrides, resolved, mode)
+    return run_training(deployment_config(cfg, root, this_flow_run.name, this_flow_run.id))
 
 
 def resolve_config(

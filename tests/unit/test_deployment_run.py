@@ -1,0 +1,109 @@
+"""A deployment run's paths resolve under the recorded root and it gets a run name of its own."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from rl_train.config import load_config
+from rl_train.deployments.crash_detection import SILENCE_SECONDS, crash_automation
+from rl_train.deployments.serve import EPHEMERAL_NOTICE, deployment_parameters, prepare_server
+from rl_train.flows.base import prepare_inputs
+from rl_train.flows.deployment_run import (
+    ROOT_ENV,
+    deployment_config,
+    resolve_paths,
+    serve_root,
+    under_root,
+)
+
+RUN_ID = "1a2b3c4d-0000-4000-8000-000000000000"
+
+
+def test_relative_paths_join_the_root_and_others_are_kept() -> None:
+    assert under_root("runs", "/srv/rl") == "/srv/rl/runs"
+    assert under_root("./data/../data/x.parquet", "/srv/rl") == "/srv/rl/data/x.parquet"
+    assert under_root("/abs/model", "/srv/rl") == "/abs/model"
+    assert under_root("s3://bucket/runs", "/srv/rl") == "s3://bucket/runs"
+
+
+def test_every_path_field_is_made_absolute() -> None:
+    config = load_config(
+        None,
+        [
+            "model.path=models/p",
+            "data.data_dir=data/d",
+            "data.train_files=[a.parquet, /abs/b.parquet]",
+            "data.val_files=[v.jsonl]",
+            "run.output_dir=s3://bucket/runs",
+        ],
+    )
+    resolved = resolve_paths(config, "/srv/rl")
+    assert resolved.model.path == "/srv/rl/models/p"
+    assert resolved.data.data_dir == "/srv/rl/data/d"
+    assert resolved.data.train_files == ["/srv/rl/a.parquet", "/abs/b.parquet"]
+    assert resolved.data.val_files == ["/srv/rl/v.jsonl"]
+    assert resolved.run.output_dir == "s3://bucket/runs"
+    assert config.model.path == "models/p"  # the caller's config is untouched
+
+
+def test_a_missing_model_names_the_absolute_path_it_tried(tmp_path: Path) -> None:
+    config = deployment_config(
+        load_config(None, ["model.path=models/absent", "model.create_if_missing=false"]),
+        str(tmp_path),
+        "brave-otter",
+        RUN_ID,
+    )
+    with pytest.raises(FileNotFoundError, match=f"model.path {tmp_path}/models/absent does not exist"):
+        prepare_inputs(config)
+
+
+def test_a_run_without_a_name_gets_one_per_flow_run() -> None:
+    config = load_config(None, ["trainer.mode=colocate_async"])
+    first = deployment_config(config, "/srv/rl", "brave-otter", RUN_ID)
+    assert first.run.name == "colocate_async-brave-otter-1a2b3c4d"
+    # A retry is the same flow run: same name, same directory (which it then resumes).
+    assert deployment_config(config, "/srv/rl", "brave-otter", RUN_ID).run.name == first.run.name
+    other = deployment_config(config, "/srv/rl", "brave-otter", str(uuid.uuid4()))
+    assert other.run.name != first.run.name  # equal flow run names still get their own directory
+    assert first.run.output_dir == "/srv/rl/runs"
+
+
+def test_a_run_that_names_itself_keeps_its_name() -> None:
+    for config in (
+        load_config(None, ["run.name=mine"]),
+        load_config(None, ["run.name=arith-tiny"]),  # the default's value, but set on purpose
+    ):
+        assert deployment_config(config, "/srv/rl", "brave-otter", RUN_ID).run.name == config.run.name
+
+
+def test_the_root_is_recorded_when_serve_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(ROOT_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert serve_root() == str(tmp_path)
+    assert deployment_parameters("sync")["root"] == str(tmp_path)
+    monkeypatch.setenv(ROOT_ENV, "relative/root")
+    assert serve_root() == os.path.join(str(tmp_path), "relative/root")
+
+
+def test_serve_without_a_server_says_it_is_throwaway(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with temporary_settings({PREFECT_API_URL: None}):
+        prepare_server(str(tmp_path))
+    err = capsys.readouterr().err
+    assert EPHEMERAL_NOTICE in err
+    assert "prefect server start" in err and "export PREFECT_API_URL=http://127.0.0.1:4200/api" in err
+    assert str(tmp_path) in err
+
+
+def test_crash_automation_watches_rl_train_heartbeats() -> None:
+    trigger = crash_automation().trigger
+    assert trigger.posture == "Proactive" and trigger.after == {"prefect.flow-run.heartbeat"}
+    assert {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed"} <= trigger.expect
+    assert trigger.within.total_seconds() == SILENCE_SECONDS and trigger.for_each == {"prefect.resource.id"}
+    assert trigger.match_related.get("prefect.resource.name") == ["rl-train"]
