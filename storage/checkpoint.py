@@ -200,7 +200,9 @@ class CheckpointStore:
         be in the step folder with its size, so that no commit names a file it lacks."""
         manifest_path = self._path(step, MANIFEST_NAME)
         if self._exists_now(manifest_path):
-            raise CheckpointError(f"{self.step_uri(step)} is already committed; a committed checkpoint is immutable")
+            raise CheckpointError(
+                f"{self.step_uri(step)} is already committed; a committed checkpoint is immutable"
+            )
         data = build_manifest(step, parts, meta)
         stored = self._stored_sizes(step)
         problems = [
@@ -210,7 +212,7 @@ class CheckpointStore:
         ]
         if problems:
             raise CheckpointError(f"cannot commit {self.step_uri(step)}: " + "; ".join(problems))
-        with self._publisher.open(manifest_path, durable=True) as handle:
+        with self._publisher.open(manifest_path) as handle:
             handle.write(data)
         self._manifests[step] = parse_manifest(data, step)
         try:

@@ -35,7 +35,9 @@ S3_PROTOCOLS = ("s3", "s3a")
 S3_EXTRA_HINT = "pip install 'rl-train[s3]'"
 
 
-def open_filesystem(root: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.AbstractFileSystem, str]:
+def open_filesystem(
+    root: str, storage_options: dict[str, Any] | None
+) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem and path of ``root``. An ``s3://`` root needs s3fs (an optional extra);
     without explicit options it takes its endpoint from ``AWS_ENDPOINT_URL_S3`` or
     ``AWS_ENDPOINT_URL``, as botocore would, but stated in the options so that fsspec's cache
@@ -45,7 +47,9 @@ def open_filesystem(root: str, storage_options: dict[str, Any] | None) -> tuple[
         try:
             import s3fs  # noqa: F401
         except ImportError as error:
-            raise ImportError(f"the checkpoint root {root} is on S3, which needs s3fs: {S3_EXTRA_HINT}") from error
+            raise ImportError(
+                f"the checkpoint root {root} is on S3, which needs s3fs: {S3_EXTRA_HINT}"
+            ) from error
         if storage_options is None:
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             storage_options = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
@@ -56,9 +60,8 @@ def open_filesystem(root: str, storage_options: dict[str, Any] | None) -> tuple[
 class Publisher(Protocol):
     """How a written file appears under its final name, all at once or not at all."""
 
-    def open(self, path: str, durable: bool = False) -> contextlib.AbstractContextManager[BinaryIO]:
-        """A handle to write ``path``; the file appears when the block exits without an error.
-        ``durable``: also survive a power loss (fsync), for small commit records."""
+    def open(self, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """A handle to write ``path``; the file appears when the block exits without an error."""
         ...
 
 
@@ -66,16 +69,13 @@ class LocalPublisher:
     """Write ``.<name>.<random>.tmp`` beside the target, then ``os.replace`` it into place."""
 
     @contextlib.contextmanager
-    def open(self, path: str, durable: bool = False) -> Iterator[BinaryIO]:
+    def open(self, path: str) -> Iterator[BinaryIO]:
         folder, name = os.path.split(path)
         os.makedirs(folder, exist_ok=True)
         temp = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
         try:
             with open(temp, "wb") as handle:
                 yield handle
-                if durable:
-                    handle.flush()
-                    os.fsync(handle.fileno())
             os.replace(temp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -91,7 +91,7 @@ class ObjectPublisher:
         self.fs = fs
 
     @contextlib.contextmanager
-    def open(self, path: str, durable: bool = False) -> Iterator[BinaryIO]:
+    def open(self, path: str) -> Iterator[BinaryIO]:
         handle = self.fs.open(path, "wb")
         try:
             yield handle

@@ -61,7 +61,9 @@ def _bytes_of(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
-def build_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None) -> tuple[bytes, list[str]]:
+def build_header(
+    tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None
+) -> tuple[bytes, list[str]]:
     """The length-prefixed, padded header and the order in which the tensors' bytes follow."""
     for name, tensor in tensors.items():
         if tensor.dtype not in DTYPE_NAMES:
@@ -109,9 +111,10 @@ def read_tensor_file(
     readinto_exact: Callable[[memoryview], None],
     file_bytes: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors (in file order) and metadata of a safetensors file, each tensor's bytes read
-    straight into its own storage. ``file_bytes``, when known, bounds what a damaged header may
-    ask to allocate."""
+    """The tensors (in file order) and metadata of a safetensors file, each read straight into
+    its own storage. Not views of one buffer: some consumers read a tensor's storage from its
+    start, ignoring the view's offset (``torch.set_rng_state`` then refuses the state or
+    crashes). ``file_bytes``, when known, bounds what a damaged header may ask to allocate."""
     _check_little_endian()
     (header_bytes,) = struct.unpack("<Q", read_exact(8))
     if header_bytes > min(MAX_HEADER_BYTES, file_bytes if file_bytes is not None else MAX_HEADER_BYTES):
@@ -125,17 +128,18 @@ def read_tensor_file(
     metadata = header.pop("__metadata__", None) or {}
     data_limit = None if file_bytes is None else file_bytes - 8 - header_bytes
     specs = sorted((_spec(name, entry) for name, entry in header.items()), key=lambda spec: spec[3])
-    tensors: dict[str, torch.Tensor] = {}
     position = 0
     for name, dtype, shape, begin, end in specs:
-        num_bytes = math.prod(shape) * dtype.itemsize
-        if begin != position or end - begin != num_bytes or (data_limit is not None and end > data_limit):
+        if begin != position or end - begin != math.prod(shape) * dtype.itemsize:
             raise TensorFileError(f"bad tensor header: tensor {name!r} at bytes {begin}..{end}")
-        tensor = torch.empty(shape, dtype=dtype)
-        if num_bytes:
-            readinto_exact(_bytes_of(tensor))
-        tensors[name] = tensor
         position = end
+    if data_limit is not None and position != data_limit:
+        raise TensorFileError(f"bad tensor header: {position} bytes of tensors in {data_limit} bytes of data")
+    tensors = {}
+    for name, dtype, shape, _, _ in specs:
+        tensors[name] = torch.empty(shape, dtype=dtype)
+        if tensors[name].numel():
+            readinto_exact(_bytes_of(tensors[name]))
     return tensors, metadata
 
 
@@ -147,7 +151,9 @@ def _spec(name: str, entry: Any) -> tuple[str, torch.dtype, list[int], int, int]
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
     if dtype is None or not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-        raise TensorFileError(f"bad tensor header: tensor {name!r} has dtype {entry.get('dtype')!r}, shape {shape!r}")
+        raise TensorFileError(
+            f"bad tensor header: tensor {name!r} has dtype {entry.get('dtype')!r}, shape {shape!r}"
+        )
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
         raise TensorFileError(f"bad tensor header: tensor {name!r} has no data_offsets")
     return name, dtype, shape, offsets[0], offsets[1]

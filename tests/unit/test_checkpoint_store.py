@@ -214,7 +214,9 @@ def test_part_paths_are_checked(tmp_path: Path, relpath: str) -> None:
         CheckpointStore(str(tmp_path)).write_bytes(1, relpath, b"x")
 
 
-def test_torn_folder_is_skipped_with_a_warning(make_store: StoreFactory, caplog: pytest.LogCaptureFixture) -> None:
+def test_torn_folder_is_skipped_with_a_warning(
+    make_store: StoreFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     store = make_store()
     _commit_small(store, 1)
     store.write_bytes(2, "blob.bin", b"half a checkpoint")  # no manifest: killed before commit
@@ -270,7 +272,9 @@ def test_garbled_manifest_is_named(make_store: StoreFactory, caplog: pytest.LogC
     _commit_small(store, 2)
     store.fs.pipe_file(f"{store._path(2)}/manifest.json", b'{"format": 1, "files": {')
     problems = store.verify(2)
-    assert problems == [f"{store.step_uri(2)}/manifest.json: bad manifest json (" + problems[0].split("(", 1)[1]]
+    assert problems == [
+        f"{store.step_uri(2)}/manifest.json: bad manifest json (" + problems[0].split("(", 1)[1]
+    ]
     with caplog.at_level(logging.WARNING, logger="rl_train.storage.checkpoint"):
         assert store.latest_valid() == 1
     assert "step-00000002/manifest.json: bad manifest json" in caplog.text
@@ -400,7 +404,9 @@ def test_empty_or_missing_root(tmp_path: Path) -> None:
     assert store.complete_steps() == [] and store.latest_valid() is None and store.prune() == []
 
 
-def test_s3_endpoint_from_the_environment(s3_root: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_s3_endpoint_from_the_environment(
+    s3_root: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     root, options = s3_root
     monkeypatch.setenv("AWS_ENDPOINT_URL", options["client_kwargs"]["endpoint_url"])
     store = CheckpointStore(root)
