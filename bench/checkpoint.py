@@ -1,0 +1,288 @@
+"""Checkpoint write and read MB/s against a raw Arrow file of the same bytes, locally and on S3.
+
+Builds a training state: by default the demo's (the tiny policy's weights and an AdamW state
+after one step), or ``--mb`` of random tensors (bf16 weights and their fp32 Adam moments).
+Each round writes it through ``CheckpointStore`` (``write_tensors`` for the weights,
+``write_state`` for the optimizer, ``write_table`` for a table of fake TransferQueue records,
+then ``commit``, which prunes) and reads it back (``read_*``, each checking its file's size and
+SHA-256 against the manifest); then writes the same bytes as one Arrow IPC file through
+fsspec, with no manifest and no checksum, and reads that back. Store and raw rounds
+alternate, so that drift on a busy machine favours neither; the best of ``--repeats`` rounds
+is reported, and the store/raw ratio of each (target: at least 0.7). ``verify`` is
+``latest_valid``'s pass over every checksum, reported on its own. Reads follow the writes,
+so on local disk both sides read from the page cache.
+
+    python -m rl_train.bench.checkpoint                 # the demo state, local disk
+    python -m rl_train.bench.checkpoint --mb 200 --s3   # 200 MB, local disk and S3
+    python -m rl_train.bench.checkpoint --s3 --s3-endpoint http://127.0.0.1:9000
+
+``--s3`` without an endpoint (and without ``AWS_ENDPOINT_URL``) starts moto's S3 server in a
+subprocess on 127.0.0.1 (its own process: in this one it would share the GIL with the writer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from rl_train.storage.checkpoint import CheckpointStore
+
+TENSOR_BYTES = 4 << 20
+
+
+@dataclass
+class BenchState:
+    """What one checkpoint of the bench holds."""
+
+    label: str
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    records: pa.Table
+
+
+def demo_state() -> BenchState:
+    """The tiny demo policy's weights and an AdamW state after one step on a fake loss."""
+    from rl_train.engines.model.tiny import create_tiny_policy, load_policy
+
+    with tempfile.TemporaryDirectory(prefix="rlt-ckpt-bench-") as folder:
+        model, _ = load_policy(create_tiny_policy(Path(folder) / "policy", seed=0, pretrain_steps=0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model(torch.randint(0, model.config.vocab_size, (4, 32))).logits.float().pow(2).mean().backward()
+    optimizer.step()
+    weights = {name: p.detach() for name, p in model.state_dict().items()}
+    return BenchState("demo (tiny policy + AdamW)", weights, optimizer.state_dict(), fake_records(512))
+
+
+def random_state(size_mb: int) -> BenchState:
+    """About ``size_mb``: bf16 weight matrices, a fifth of the bytes, and two fp32 Adam moments each."""
+    generator = torch.Generator().manual_seed(0)
+    weights, moments, total = {}, {}, 0
+    while total < size_mb << 20:
+        index = len(weights)
+        weight = torch.randn(512, TENSOR_BYTES // 4096, generator=generator)
+        weights[f"model.layers.{index}.mlp.weight"] = weight.to(torch.bfloat16)
+        moments[index] = {"step": torch.tensor(1.0), "exp_avg": weight.clone(), "exp_avg_sq": weight.square()}
+        total += weight.numel() * (2 + 4 + 4)
+    optimizer = {
+        "state": moments,
+        "param_groups": [{"lr": 1e-4, "betas": (0.9, 0.999), "params": list(moments)}],
+    }
+    return BenchState(f"{size_mb} MB of random tensors", weights, optimizer, fake_records(2048))
+
+
+def fake_records(num_records: int) -> pa.Table:
+    """TransferQueue-like records: token ids, per-token log-probs, a reward and tags."""
+    generator = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, 32000, (num_records, 64), generator=generator)
+    responses = torch.randint(0, 32000, (num_records, 128), generator=generator)
+    log_probs = -torch.rand(num_records, 128, generator=generator)
+    return pa.table(
+        {
+            "uid": [f"p{i // 8}-{i % 8}" for i in range(num_records)],
+            "prompt_ids": prompts.tolist(),
+            "response_ids": responses.tolist(),
+            "rollout_log_probs": log_probs.tolist(),
+            "reward": torch.rand(num_records, generator=generator).tolist(),
+            "status": ["pending" if i % 5 == 0 else "done" for i in range(num_records)],
+        }
+    )
+
+
+def write_store(store: CheckpointStore, step: int, state: BenchState) -> int:
+    """One checkpoint as the trainer writes it; the bytes written."""
+    parts = [
+        store.write_tensors(step, "actor/rank-0/model.safetensors", state.weights),
+        *store.write_state(step, "actor/rank-0/optimizer", state.optimizer),
+        store.write_table(step, "queue/records.parquet", state.records),
+    ]
+    store.commit(step, parts, {"bench": True})
+    return sum(part.size for part in parts)
+
+
+def read_store(store: CheckpointStore, step: int) -> None:
+    store.read_tensors(step, "actor/rank-0/model.safetensors")
+    store.read_state(step, "actor/rank-0/optimizer")
+    store.read_table(step, "queue/records.parquet")
+
+
+def _raw_rows(state: BenchState) -> Iterator[tuple[str, Any]]:
+    """(name, buffer) of every tensor's bytes and of the records' Parquet file: what the store writes."""
+    optimizer = state.optimizer["state"]
+    tensors = {**state.weights, **{f"{i}.{k}": v for i, group in optimizer.items() for k, v in group.items()}}
+    for name, tensor in tensors.items():
+        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        yield name, pa.py_buffer(flat.numpy())
+    sink = pa.BufferOutputStream()
+    pq.write_table(state.records, sink)
+    yield RECORDS_NAME, sink.getvalue()
+
+
+RECORDS_NAME = "records.parquet"
+RAW_SCHEMA = pa.schema([("name", pa.string()), ("data", pa.large_binary())])
+
+
+def write_raw(fs: fsspec.AbstractFileSystem, path: str, state: BenchState) -> None:
+    """The same bytes as one Arrow IPC file, one record batch per buffer (no whole-file copy)."""
+    with fs.open(path, "wb") as handle, pa.ipc.new_file(handle, RAW_SCHEMA) as writer:
+        for name, buffer in _raw_rows(state):
+            data = pa.Array.from_buffers(
+                pa.large_binary(), 1, [None, pa.py_buffer(_offsets(buffer.size)), buffer]
+            )
+            writer.write_batch(pa.record_batch([pa.array([name]), data], schema=RAW_SCHEMA))
+
+
+def _offsets(size: int) -> bytes:
+    return torch.tensor([0, size], dtype=torch.int64).numpy().tobytes()
+
+
+def read_raw(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Read the file and decode the records' Parquet, as the store's read does (the tensors'
+    bytes are left as they are: a tensor over an Arrow buffer costs nothing)."""
+    with fs.open(path, "rb") as handle:
+        table = pa.ipc.open_file(handle).read_all()
+    records = table.column("data")[table.column("name").to_pylist().index(RECORDS_NAME)]
+    pq.read_table(pa.BufferReader(records.as_buffer()))
+
+
+@dataclass
+class Rates:
+    mb: float
+    store_write: float
+    store_read: float
+    verify: float
+    raw_write: float
+    raw_read: float
+
+
+def measure_throughput(root: str, options: dict[str, Any] | None, state: BenchState, repeats: int) -> Rates:
+    """Best-of-``repeats`` seconds of each operation, store and raw rounds alternating."""
+    store = CheckpointStore(root, keep_last=2, storage_options=options)
+    fs, base = fsspec.core.url_to_fs(root, **(options or {}))
+    fs.makedirs(base, exist_ok=True)
+    best: dict[str, float] = {}
+    size = 0
+
+    def timed(name: str, run: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        result = run()
+        best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+        return result
+
+    for step in range(1, repeats + 1):
+        size = timed("store_write", lambda step=step: write_store(store, step, state))
+        timed("store_read", lambda step=step: read_store(store, step))
+        timed("verify", lambda step=step: store.verify(step))
+        raw_path = f"{base}/raw-{step}.arrow"
+        timed("raw_write", lambda path=raw_path: write_raw(fs, path, state))
+        timed("raw_read", lambda path=raw_path: read_raw(fs, path))
+        fs.rm(raw_path)
+    mb = size / 1e6
+    return Rates(
+        mb, *(mb / best[name] for name in ("store_write", "store_read", "verify", "raw_write", "raw_read"))
+    )
+
+
+def print_rates(where: str, rates: Rates) -> None:
+    print(
+        f"{where:<7}{'write':<8}{rates.store_write:>12.1f}{rates.raw_write:>10.1f}{rates.store_write / rates.raw_write:>11.2f}"
+    )
+    print(
+        f"{where:<7}{'read':<8}{rates.store_read:>12.1f}{rates.raw_read:>10.1f}{rates.store_read / rates.raw_read:>11.2f}"
+    )
+    print(f"{where:<7}{'verify':<8}{rates.verify:>12.1f}{'':>10}{'':>11}  (latest_valid: every checksum)")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """moto's S3 server in a subprocess on 127.0.0.1, with dummy credentials; its endpoint."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto's S3 server did not start on port {port}")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def s3_location(endpoint: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A fresh bucket on ``endpoint`` (or on a moto server started here): (root, storage options)."""
+    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL")
+    with contextlib.ExitStack() as stack:
+        if endpoint is None:
+            os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+            os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+            endpoint = stack.enter_context(moto_server())
+        options = {"client_kwargs": {"endpoint_url": endpoint}}
+        bucket = f"rl-train-bench-{uuid.uuid4().hex[:12]}"
+        fs = fsspec.filesystem("s3", **options)
+        fs.mkdir(bucket)
+        try:
+            yield f"s3://{bucket}/checkpoints", options
+        finally:
+            fs.rm(bucket, recursive=True)
+
+
+def report_throughput(args: argparse.Namespace, state: BenchState) -> None:
+    """The store/raw section: one table, a row pair per location."""
+    print(f"{'where':<7}{'op':<8}{'store MB/s':>12}{'raw MB/s':>10}{'store/raw':>11}")
+    with tempfile.TemporaryDirectory(prefix="rlt-ckpt-bench-", dir=args.local_dir) as folder:
+        local = measure_throughput(f"{folder}/checkpoints", None, state, args.repeats)
+    print_rates("local", local)
+    if args.s3:
+        with s3_location(args.s3_endpoint) as (root, options):
+            print_rates("s3", measure_throughput(root, options, state, args.repeats))
+    print(f"checkpoint of {local.mb:.1f} MB: {state.label}; best of {args.repeats} rounds")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--mb", type=int, default=0, help="random tensors of this size (0: the demo state)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per location; the best is reported")
+    parser.add_argument("--s3", action="store_true", help="also measure on S3")
+    parser.add_argument("--s3-endpoint", default=None, help="an S3 endpoint (default: start moto's server)")
+    parser.add_argument(
+        "--local-dir", default=None, help="where the local checkpoints go (default: the temp dir)"
+    )
+    args = parser.parse_args(argv)
+    state = random_state(args.mb) if args.mb else demo_state()
+    report_throughput(args, state)
+
+
+if __name__ == "__main__":
+    main()
