@@ -465,3 +465,12 @@ def test_a_background_error_is_raised_by_the_next_wait_or_submit() -> None:
     writer.submit(lambda: ran.append("after"))
     writer.close()
     assert ran == ["after"]
+
+
+def test_a_damaged_tensor_header_is_refused_before_allocating(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    header = b'{"w":{"dtype":"F32","shape":[1000000000000],"data_offsets":[0,4000000000000]}}'
+    entry = store.write_bytes(1, "w.safetensors", len(header).to_bytes(8, "little") + header + b"\0" * 16)
+    store.commit(1, [entry], {})
+    with pytest.raises(CheckpointCorruptError, match="step-00000001/w.safetensors: bad tensor header"):
+        store.read_tensors(1, "w.safetensors")
