@@ -223,9 +223,11 @@ class CheckpointStore:
     # Readers.
 
     def _step_folders(self) -> dict[int, bool]:
-        """Every step folder under the root -> whether it holds a manifest (no checksums)."""
+        """Every step folder under the root -> whether it holds a manifest (no checksums). One
+        recursive listing: on S3 that is one request per thousand objects, where a listing
+        bounded in depth costs a request per folder."""
         try:
-            found = self.fs.find(self._root, maxdepth=2, withdirs=True, refresh=True)
+            found = self.fs.find(self._root, withdirs=True, refresh=True)
         except FileNotFoundError:
             return {}
         folders: dict[int, bool] = {}
