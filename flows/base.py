@@ -99,6 +99,7 @@ class BaseTrainer(ABC):
             }
             loader = PromptLoader(train_prompts, seed=self.config.run.seed)
             buffer = self.build_replay_buffer(pools, loader, sampling)
+            buffer.revive = self._revive_rollouts
             self._context = RunContext(self.run_id, self.config, pools, buffer)
             if start.checkpoint_step:
                 self._restore(store, start.checkpoint_step)
@@ -131,6 +132,13 @@ class BaseTrainer(ABC):
             f"{len(self.requeued)} prompt group(s) in flight go back to rollout",
             file=sys.stderr,
         )
+
+    def _revive_rollouts(self) -> list[int]:
+        """Replicas that died and were restarted get the weights rollout serves now."""
+        restarted = self.pools.revive_rollouts(self.context.version)
+        if restarted:
+            logger.warning("rollout replica(s) %s died and were restarted with weight version %d", restarted, self.context.version)
+        return restarted
 
     def driver_state(self, step: int) -> DriverState:
         return DriverState(

@@ -20,6 +20,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from rl_train import tasks
 from rl_train.algorithms.advantage import estimator_needs
 from rl_train.config import Config
+from rl_train.tasks.retry import call_with_retries
 
 if TYPE_CHECKING:
     from rl_train.flows.base import BaseTrainer
@@ -54,7 +55,7 @@ class PhaseRunner:
 
     def __call__(self, phase: Any, *args: Any) -> Any:
         start = time.perf_counter()
-        result = phase.fn(*args) if self.direct else phase(*args)
+        result = call_with_retries(phase.fn, args, phase.retries) if self.direct else phase(*args)
         key = f"timing/{phase.name}"
         self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start
         return result

@@ -6,6 +6,7 @@ arguments; subclassing ``ReplayBufferBase`` is the easy way to write a custom on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rl_train.storage.dataset import PromptLoader
@@ -27,6 +28,9 @@ class ReplayBufferBase:
         self.tq, self.rollouts, self.loader, self.n, self.sampling = tq, rollouts, loader, n, sampling
         self.cfg = config or ReplayConfig()
         self.rewards = rewards or []
+        self.revive: Callable[[], list[int]] | None = None
+        """Set by the trainer: brings back rollout replicas that died (restarted by Ray, reloaded
+        with the current weights); returns the indices of those that had restarted."""
 
     def pop_metrics(self) -> dict[str, float]:
         """Replay figures since the last call (R-7.6); a custom sampler may report none."""

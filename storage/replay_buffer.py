@@ -90,6 +90,8 @@ class ReplayBuffer(ReplayBufferBase):
                 return done
             failed_rounds += 1
             self._report_failures(failed_rounds, len(failed), len(keys), errors)
+            if self.revive is not None:
+                self._counts["revived_replicas"] += len(self.revive())
             keys = self._recover(failed, step)
 
     def _report_failures(
@@ -203,6 +205,7 @@ class ReplayBuffer(ReplayBufferBase):
         metrics["replay/evicted_failure"] = float(self._counts["evicted_failure"])
         metrics["replay/retried_failure"] = float(self._counts["retried_failure"])
         metrics["rollout/generation_errors"] = float(self._counts["generation_errors"])
+        metrics["rollout/revived_replicas"] = float(self._counts["revived_replicas"])
         self._counts.clear()
         return metrics
 

@@ -47,6 +47,8 @@ from rl_train.storage.handles import call, cast
 from rl_train.storage.replay_base import ReplayBufferBase
 
 PARTITION = "train"
+LIVENESS_CHECK_SECONDS = 5.0
+"""While sampling waits this long without enough groups, it checks that no replica died."""
 
 
 def spec_staleness(trainer_version: int, oldest_token_version: int) -> int:
@@ -84,6 +86,8 @@ class ReplayBufferAsync(ReplayBufferBase):
         self._wait_seconds = 0.0
         self._depth = 0
         self._failed_while_waiting = 0
+        self._assigned: dict[str, int] = {}
+        """prompt group -> the replica it was queued on (to re-queue it if that replica dies)."""
         self.rescue: Callable[[list[str]], Any] | None = None
         """Set by a mode with a spare engine: generates the given pending prompt groups now (R-2.7)."""
 
@@ -112,9 +116,29 @@ class ReplayBufferAsync(ReplayBufferBase):
         return key
 
     def _enqueue(self, key: str) -> None:
-        replica = self.rollouts[self._next_replica % len(self.rollouts)]
+        index = self._next_replica % len(self.rollouts)
         self._next_replica += 1
-        cast(replica, "enqueue", PARTITION, [key], self.n, self.sampling)
+        self._assigned[key] = index
+        cast(self.rollouts[index], "enqueue", PARTITION, [key], self.n, self.sampling)
+
+    def _check_replicas(self) -> None:
+        """A replica that died lost the prompts queued on it: once it is back (``revive``),
+        they start over, their partial trajectories dropped, exactly as after a resume."""
+        if self.revive is None:
+            return
+        restarted = set(self.revive())
+        if not restarted:
+            return
+        self._counts["revived_replicas"] += len(restarted)
+        lost = [k for k in self._outstanding() if self._assigned.get(k) in restarted]
+        tags = call(self.tq, "get_tags", PARTITION, lost)
+        for key, tag in zip(lost, tags, strict=True):
+            if tag["status"] in ("pending", "running"):
+                existing = set(call(self.tq, "query", PARTITION, group_id=key))
+                call(self.tq, "delete", PARTITION, [k for k in trajectory_keys([key], self.n) if k in existing])
+                call(self.tq, "set_tags", PARTITION, {key: {"status": "pending", "partial": False}})
+                self._enqueue(key)
+                self._counts["requeued_lost"] += 1
 
     # -- sample --------------------------------------------------------------------------
     def sample(self, num_groups: int, step: int) -> str:
@@ -122,6 +146,7 @@ class ReplayBufferAsync(ReplayBufferBase):
         self._target = max(self._target, num_groups * (1 + self.cfg.prefetch_batches))
         started = time.monotonic()
         rescued = False
+        next_check = LIVENESS_CHECK_SECONDS
         while True:
             ready, blocked = self._scan(step)
             if not blocked and len(ready) >= num_groups:
@@ -131,6 +156,9 @@ class ReplayBufferAsync(ReplayBufferBase):
                 self._rescue(num_groups - len(ready), step)
                 rescued = True
                 continue
+            if waited > next_check:
+                self._check_replicas()
+                next_check = waited + LIVENESS_CHECK_SECONDS
             if waited > self.cfg.sample_timeout_seconds:
                 raise SampleTimeoutError(
                     f"replay buffer: {len(ready)} of {num_groups} groups ready after {waited:.1f}s"
@@ -243,6 +271,7 @@ class ReplayBufferAsync(ReplayBufferBase):
         call(self.tq, "drop_batch", batch_id)
         for group in batch["groups"]:
             self._sampled.discard(group)
+            self._assigned.pop(group, None)
             self._versions.pop(group, None)
             self._has_gradient.pop(group, None)
 
@@ -256,8 +285,10 @@ class ReplayBufferAsync(ReplayBufferBase):
             "replay/sample_wait_seconds": self._wait_seconds,
         }
         names = ("evicted_staleness", "evicted_filter", "evicted_failure", "refill", "retried_failure")
+        names += ("requeued_lost",)
         for name in (*names, "rescue_activations", "rescue_groups"):
             metrics[f"replay/{name}"] = float(self._counts[name])
+        metrics["rollout/revived_replicas"] = float(self._counts["revived_replicas"])
         for value in range(max(stale) + 1):
             metrics[f"replay/staleness_hist/{value}"] = float(stale.count(value))
         self._counts = Counter(dispatched=self._counts["dispatched"])

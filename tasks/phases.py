@@ -11,14 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from rl_train.engines.workers.pools import PendingPush
 from rl_train.tasks.context import join_run
-
-# Results are keys and small dicts: nothing to cache or persist by default (Prefect stays cheap).
-phase_task = task(cache_policy=NO_CACHE, persist_result=False)
+from rl_train.tasks.retry import phase_task, retrying_phase_task
 
 
 class SamplingBuffer(Protocol):
@@ -46,7 +41,7 @@ def greedy_baseline(run_id: str, batch_id: str) -> dict[str, float]:
     return run.pools.greedy_baselines(batch_id, run.config.rollout.max_new_tokens)
 
 
-@phase_task(name="reward")
+@retrying_phase_task(name="reward")
 def reward(run_id: str, batch_id: str) -> dict[str, float]:
     """(2) Score every trajectory of the batch on the reward pool."""
     pools = join_run(run_id).pools
@@ -54,13 +49,13 @@ def reward(run_id: str, batch_id: str) -> dict[str, float]:
     return {"reward/mean": sum(scores) / max(len(scores), 1), "reward/max": max(scores, default=0.0)}
 
 
-@phase_task(name="balance")
+@retrying_phase_task(name="balance")
 def balance(run_id: str, batch_id: str) -> dict[str, float]:
     """(3) Split the batch across DP ranks with even token counts (in the queue actor)."""
     return join_run(run_id).pools.balance(batch_id)
 
 
-@phase_task(name="old_log_prob")
+@retrying_phase_task(name="old_log_prob")
 def old_log_prob(run_id: str, batch_id: str) -> None:
     """(4) pi_old log-probs, recomputed by the training engine, or copied in bypass_mode (R-7.1)."""
     run = join_run(run_id)
@@ -70,13 +65,13 @@ def old_log_prob(run_id: str, batch_id: str) -> None:
         run.pools.compute_log_probs(batch_id, "old_log_probs", reference=False)
 
 
-@phase_task(name="ref")
+@retrying_phase_task(name="ref")
 def ref(run_id: str, batch_id: str) -> None:
     """(5) Reference log-probs for the KL penalty."""
     join_run(run_id).pools.compute_log_probs(batch_id, "ref_log_probs", reference=True)
 
 
-@phase_task(name="values")
+@retrying_phase_task(name="values")
 def values(run_id: str, batch_id: str) -> None:
     """(6) Critic values V_old of every response token, on the critic pool (when the run has a critic)."""
     join_run(run_id).pools.compute_values(batch_id)

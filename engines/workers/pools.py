@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +29,38 @@ from rl_train.engines.workers.trainer_worker import TrainerWorker
 QUEUE_ACTOR = "transfer-queue"
 SYNC_GROUP = "weight_sync"
 """The trainer actors' concurrency group for pushes: a push runs beside the next step's work."""
+ROLLOUT_MAX_RESTARTS = 3
+"""A rollout replica that dies is restarted by Ray, then reloaded by ``revive_rollouts``."""
+REWARD_MAX_RESTARTS = 3
+"""A reward worker holds no state: Ray restarts it and the retried reward task goes on."""
 CHECKPOINT_GROUP = "checkpoint"
 """The training and critic actors' group for checkpoint writes, beside the next step's work."""
 
 
 class RunGoneError(RuntimeError):
     """The run's actors cannot be reached from this process (the run ended, or another cluster)."""
+
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    ray.exceptions.RayActorError,  # died (and may be restarting) or unavailable for a moment
+    ray.exceptions.GetTimeoutError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an error may pass on a second try: a worker that died and is being restarted, a
+    timeout, a dropped connection, also when it surfaced inside another actor's task."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, TRANSIENT_ERRORS):
+            return True
+        cause = getattr(current, "cause", None)  # a RayTaskError carries the remote exception
+        current = cause if isinstance(cause, BaseException) else current.__cause__
+    return False
 
 
 def run_namespace(run_id: str) -> str:
@@ -119,6 +146,9 @@ class WorkerPools:
     handover: bool = False
     """The backend hands the sender's payload to receivers by object reference."""
     _closed: bool = field(default=False, repr=False)
+    _incarnations: list[str] = field(default_factory=list, repr=False)
+    """Each rollout replica's incarnation when last seen: a different one means Ray restarted it."""
+    _sync_cfg: Any = field(default=None, repr=False)
 
     @classmethod
     def create(cls, run_id: str, config: Any, classes: WorkerClasses | None = None) -> WorkerPools:
@@ -157,6 +187,7 @@ class WorkerPools:
                     tool_env,
                     config.rollout.engine,
                     max_concurrency=2,
+                    max_restarts=ROLLOUT_MAX_RESTARTS,
                 )
                 for i in range(config.rollout.num_replicas)
             ]
@@ -183,7 +214,8 @@ class WorkerPools:
                 for rank in range(world)
             ]
             rewards = [
-                make(classes.reward, f"reward-{i}", model_path, tq) for i in range(config.reward.num_workers)
+                make(classes.reward, f"reward-{i}", model_path, tq, max_restarts=REWARD_MAX_RESTARTS)
+                for i in range(config.reward.num_workers)
             ]
             num_critics = num_critic_ranks(config.critic.model_dump())
             critic_address = f"127.0.0.1:{_free_port()}" if num_critics > 1 else None
@@ -204,6 +236,7 @@ class WorkerPools:
             ]
             pools = cls(run_id, tq, rollouts, trainers, rewards, critics)
             _wait([t.ping.remote() for t in (*trainers, *critics)])
+            pools._incarnations = _wait([r.incarnation.remote() for r in rollouts])
             pools.open_weight_sync(config.rollout.weight_sync)
             return pools
         except BaseException:
@@ -433,7 +466,35 @@ class WorkerPools:
         return list(ray.get(self.trainers[0].export_policy.remote(uri)))
 
     # -- weight sync -------------------------------------------------------------------------
+    def revive_rollouts(self, version: int, wait_seconds: float = 120.0) -> list[int]:
+        """Bring back rollout replicas that died: Ray restarts them (``max_restarts``), but a
+        restarted replica serves the weights of ``model.path`` and has no weight-sync receiver.
+        Weight sync is then reopened for every replica and ``version`` pushed, so all serve
+        the trainer's weights again. Returns the indices of the replicas that had restarted."""
+        deadline = time.monotonic() + wait_seconds
+        current: list[str] = []
+        for i, replica in enumerate(self.rollouts):
+            while True:
+                try:
+                    current.append(ray.get(replica.incarnation.remote(), timeout=max(deadline - time.monotonic(), 1.0)))
+                    break
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:  # restarting
+                    if time.monotonic() > deadline:
+                        raise RunGoneError(
+                            f"rollout replica {i} died and did not come back within {wait_seconds:.0f}s "
+                            f"(it restarts at most {ROLLOUT_MAX_RESTARTS} times): {exc}"
+                        ) from exc
+                    time.sleep(0.5)
+        restarted = [i for i, value in enumerate(current) if value != self._incarnations[i]]
+        if restarted:
+            self._close_weight_sync(final=False)
+            self.open_weight_sync(self._sync_cfg)
+            self.sync_weights(version)
+            self._incarnations = current
+        return restarted
+
     def open_weight_sync(self, cfg: Any) -> None:
+        self._sync_cfg = cfg
         cfg = cfg.model_copy(update={"num_receivers": len(self.rollouts)})
         backend = build_weight_sync_backend(cfg)
         self.weight_sync_timeout = cfg.timeout_seconds
@@ -469,6 +530,15 @@ class WorkerPools:
         return PendingPush(metrics_ref, receive_refs)
 
     # -- teardown ----------------------------------------------------------------------------
+    def _close_weight_sync(self, final: bool = True) -> None:
+        """Close every receiver and the sender; an endpoint already gone is skipped. Not
+        ``final`` (to reopen them), background generation goes on."""
+        closing = [r.close_receiver.remote(final) for r in self.rollouts]
+        closing += [t.close_sender.remote() for t in self.trainers]
+        for ref in closing:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(ref, timeout=30)
+
     def shutdown(self) -> None:
         """Close weight-sync endpoints (shared memory, sockets), then kill every actor.
 
@@ -476,11 +546,7 @@ class WorkerPools:
         if self._closed:
             return
         self._closed = True
-        closing = [r.close_receiver.remote() for r in self.rollouts]
-        closing += [t.close_sender.remote() for t in self.trainers]
-        for ref in closing:
-            with contextlib.suppress(ray.exceptions.RayError):
-                ray.get(ref, timeout=30)
+        self._close_weight_sync()
         for actor in (*self.rollouts, *self.trainers, *self.critics, *self.rewards, self.tq):
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)

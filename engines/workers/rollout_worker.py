@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import ray
@@ -40,6 +41,11 @@ class RolloutWorker:
         self.tool_calls = DelayedCalls()
         self.busy_seconds = 0.0
         self.loop = GenerationLoop(self._generate_in_background, self.engine.abort)
+        self._incarnation = uuid.uuid4().hex
+        """New each time the actor is (re)constructed: how the pools notice a restart."""
+
+    def incarnation(self) -> str:
+        return self._incarnation
 
     def encode_prompt(self, text: str) -> list[int]:
         return [self.tokenizer.bos_token_id, *self.tokenizer.encode(text, add_special_tokens=False)]
@@ -210,12 +216,19 @@ class RolloutWorker:
     def open_receiver(self, backend: Any, descriptor: dict[str, Any]) -> None:
         self.receiver = backend.build_receiver(descriptor)
 
-    def close_receiver(self) -> None:
-        """Stop background work and release the receiver's shared memory and sockets (idempotent)."""
+    def close_receiver(self, final: bool = True) -> None:
+        """Stop background work and release the receiver's shared memory and sockets (idempotent).
+
+        ``final=False``: the receiver is being reopened (a replica was revived), so background
+        generation goes on once it is closed."""
         self.loop.hold()
         receiver, self.receiver = self.receiver, None
-        if receiver is not None:
-            receiver.close()
+        try:
+            if receiver is not None:
+                receiver.close()
+        finally:
+            if not final:
+                self.loop.release()
 
     def receive_weights(self, payload: Any, version: int, timeout_seconds: float) -> dict[str, float]:
         """Quiesce background generation, load ``version``, resume: partials continue under it."""
