@@ -21,6 +21,7 @@ from prefect import serve
 from prefect.settings import get_current_settings
 
 from rl_train.deployments.crash_detection import ensure_crash_automation, heartbeat_seconds, silence_seconds
+from rl_train.deployments.eval_schedule import EVAL_SLOTS, EvalScheduleConfig, build_eval_deployment
 from rl_train.flows.deployment_run import ROOT_ENV, serve_root
 from rl_train.flows.train import train_flow
 
@@ -73,8 +74,11 @@ def prepare_server(root: str) -> None:
     print(f"rl-train serve: relative paths of runs resolve under {root} ({ROOT_ENV})", file=sys.stderr)
 
 
-def serve_deployments(limit: int = 1) -> None:
-    """Serve every mode's deployment until interrupted; see the module docstring."""
+def serve_deployments(limit: int = 1, eval_schedule: EvalScheduleConfig | None = None) -> None:
+    """Serve every mode's deployment and the eval deployment (on ``eval_schedule``, if it has
+    one; its runs get slots of their own beyond ``limit``) until interrupted; see the module
+    docstring."""
     root = serve_root()
     prepare_server(root)
-    serve(*build_deployments(root), limit=limit, heartbeat_seconds=heartbeat_seconds())
+    evaluation = build_eval_deployment(eval_schedule or EvalScheduleConfig(), root)
+    serve(*build_deployments(root), evaluation, limit=limit + EVAL_SLOTS, heartbeat_seconds=heartbeat_seconds())

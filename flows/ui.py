@@ -31,7 +31,7 @@ from prefect.artifacts import (
 from prefect.context import FlowRunContext
 from prefect.logging.handlers import APILogHandler
 
-from rl_train.flows.reward_chart import render_svg, reward_series, svg_data_uri
+from rl_train.flows.reward_chart import Series, render_svg, reward_series, svg_data_uri
 from rl_train.storage.metrics import read_metrics
 
 PROGRESS_LOGGER = "rl_train.progress"
@@ -126,9 +126,14 @@ def publish_step(run_name: str, total_steps: int, line: str, metrics: dict[str, 
 
 def reward_curve_markdown(run_name: str, rows: list[dict[str, Any]]) -> str:
     """The markdown artifact's text: the chart as an inline image, then the figures it draws."""
-    series = reward_series(rows)
-    image = svg_data_uri(render_svg(series, f"{run_name}: reward"))
-    lines = [f"# Reward curve of {run_name}", "", f"![reward curve of {run_name}]({image})", ""]
+    return curve_markdown(f"Reward curve of {run_name}", reward_series(rows), f"{run_name}: reward")
+
+
+def curve_markdown(heading: str, series: list[Series], chart_title: str) -> str:
+    """A heading, the chart of ``series`` as an inline image, then each series' figures
+    (the evaluation flow draws its per-dataset curves with it too)."""
+    image = svg_data_uri(render_svg(series, chart_title))
+    lines = [f"# {heading}", "", f"![{heading[:1].lower()}{heading[1:]}]({image})", ""]
     lines += ["| metric | steps | first | last | best |", "|---|---|---|---|---|"]
     for s in series:
         if s.points:

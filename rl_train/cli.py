@@ -18,6 +18,7 @@ EPILOG = """examples:
   rl-train config --show --config configs/arith-tiny.yaml actor.lr=3e-4
   rl-train init-model --out models/tiny-qwen2
   rl-train serve            # then: prefect deployment run rl-train/sync -p config=configs/arith-tiny.yaml
+  rl-train eval runs/arith-tiny          # score the run's newest checkpoint on its validation set
 """
 
 
@@ -71,6 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve the rl-train deployments against the configured Prefect API")
     serve.add_argument("--limit", type=int, default=1, help="concurrent flow runs")
+    serve.add_argument("--eval-run-dir", metavar="RUN_DIR", help="the run the eval schedule evaluates")
+    serve.add_argument("--eval-every", type=int, metavar="SECONDS", help="evaluate its newest checkpoint every N s")
+    serve.add_argument("--eval-cron", metavar="CRON", help="evaluate its newest checkpoint on a cron schedule")
+    serve.add_argument("--eval-extra", action="append", default=[], metavar="FILE", help="another dataset to score")
+
+    evaluate = sub.add_parser("eval", help="evaluate a run's newest complete checkpoint (the rl-eval flow, once)")
+    evaluate.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (a path or s3:// URI)")
+    evaluate.add_argument("--step", type=int, help="this checkpoint step (default: the newest complete one)")
+    evaluate.add_argument("--extra", action="append", default=[], metavar="FILE", help="another dataset to score")
+    evaluate.add_argument("--force", action="store_true", help="evaluate a step again that was evaluated already")
+    evaluate.add_argument("--no-prefect", action="store_true", help="without a Prefect flow run (no artifacts)")
     return parser
 
 
@@ -93,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "train":
             return _train(args)
+        if args.command == "eval":
+            return _eval(args)
     except ConfigError as exc:
         print(f"rl-train: {exc}", file=sys.stderr)
         return 2
@@ -108,9 +122,22 @@ def main(argv: list[str] | None = None) -> int:
             print(path)
         return 0
     if args.command == "serve":
+        from pydantic import ValidationError
+
+        from rl_train.deployments.eval_schedule import EvalScheduleConfig
         from rl_train.deployments.serve import serve_deployments
 
-        serve_deployments(limit=args.limit)
+        try:
+            schedule = EvalScheduleConfig(
+                run_dir=args.eval_run_dir,
+                interval_seconds=args.eval_every,
+                cron=args.eval_cron,
+                extra_val_files=args.eval_extra,
+            )
+        except ValidationError as exc:
+            print(f"rl-train serve: bad eval schedule (--eval-*): {exc}", file=sys.stderr)
+            return 2
+        serve_deployments(limit=args.limit, eval_schedule=schedule)
         return 0
     return 1
 
@@ -164,6 +191,24 @@ def _train(args: argparse.Namespace) -> int:
             summary = train_flow(resolved=config.model_dump(mode="json"))
     except DatasetError as exc:
         print(f"rl-train: bad dataset: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    """``rl-train eval RUN_DIR``: the rl-eval flow once (or its body, with ``--no-prefect``)."""
+    from rl_train.flows.evaluate import eval_flow, evaluate_run
+    from rl_train.storage.checkpoint import CheckpointError
+    from rl_train.storage.dataset import DatasetError
+
+    try:
+        if args.no_prefect:
+            summary = evaluate_run(args.run_dir, args.step, args.extra, force=args.force).summary()
+        else:
+            summary = eval_flow(run_dir=args.run_dir, step=args.step, extra_val_files=args.extra, force=args.force)
+    except (CheckpointError, DatasetError, FileNotFoundError) as exc:
+        print(f"rl-train: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2))
     return 0

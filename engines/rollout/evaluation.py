@@ -1,0 +1,62 @@
+"""A policy's answers to a set of prompts, scored, in this process (R-10.1).
+
+Evaluating a saved checkpoint needs no Ray pool: one rollout engine (built from the registry,
+as a rollout replica builds its own) answers every prompt, and each answer is scored exactly
+as the run's reward workers score a trajectory: ``RewardWorker.response_text`` reads the
+graded response up to end of sequence and ``route_reward_fn`` picks the grader by the row's
+``data_source``. So an evaluation of checkpoint k at the run's validation temperature scores
+what the run's own validation at step k scored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl_train.engines.reward.rules import route_reward_fn
+from rl_train.engines.rollout.protocol import GenerationRequest, RolloutEngine, SamplingParams
+from rl_train.engines.rollout.registry import build_rollout_engine
+from rl_train.engines.workers.reward_worker import RewardWorker
+
+
+@dataclass(frozen=True)
+class ScoredAnswer:
+    """One answer to one prompt, and its reward."""
+
+    prompt_index: int
+    """The prompt's row in the dataset (its ``n`` answers share it)."""
+    prompt: str
+    response: str
+    ground_truth: str
+    reward: float
+    stop_reason: str
+
+
+class PolicyEvaluator:
+    """The rollout engine of one HF policy directory and the reward workers' scoring."""
+
+    def __init__(self, policy_dir: str | Path, engine: str = "torch", seed: int = 0) -> None:
+        self.engine: RolloutEngine = build_rollout_engine(engine, policy_dir, seed=seed)
+        self.reader = RewardWorker(str(policy_dir), tq=None)
+        """Only its response reading is used here; its ``score`` goes through a queue actor."""
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """BOS then the text, as a rollout replica encodes a prompt (``RolloutWorker.encode_prompt``)."""
+        tokenizer = self.engine.tokenizer
+        return [tokenizer.bos_token_id, *tokenizer.encode(text, add_special_tokens=False)]
+
+    def answer(self, prompts: list[dict[str, Any]], params: SamplingParams, n: int = 1) -> list[ScoredAnswer]:
+        """``n`` answers to each row of ``prompts`` (``prompt``, ``data_source``, ``ground_truth``),
+        prompt-major, each scored by the grader its ``data_source`` routes to."""
+        owners = [i for i in range(len(prompts)) for _ in range(n)]
+        requests = [
+            GenerationRequest(str(j), self.encode_prompt(prompts[i]["prompt"])) for j, i in enumerate(owners)
+        ]
+        answers = []
+        for i, result in zip(owners, self.engine.generate(requests, params), strict=True):
+            row, truth = prompts[i], str(prompts[i]["ground_truth"])
+            text = self.reader.response_text({"response_ids": result.response_ids})
+            reward = float(route_reward_fn(row["data_source"])(text, truth))
+            answers.append(ScoredAnswer(i, row["prompt"], text, truth, reward, result.stop_reason))
+        return answers
