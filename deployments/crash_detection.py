@@ -6,8 +6,8 @@ left to report and the run would stay Running forever. Prefect's answer (its "zo
 recipe) is two halves, both set up by ``rl-train serve``:
 
 - every ``rl-train`` flow run it starts emits a ``prefect.flow-run.heartbeat`` event every
-  ``HEARTBEAT_SECONDS`` (Prefect's floor is 30 s; the step sub-flows turn theirs off, see
-  ``flows/step.py``, and need none: the run is the unit of retry);
+  ``HEARTBEAT_SECONDS`` (Prefect's floor, where its default is 180 s; the step sub-flows turn
+  theirs off, see ``flows/step.py``, and need none: the run is the unit of retry);
 - a server-side automation with a *proactive* trigger: after a heartbeat of an ``rl-train``
   run, if neither another heartbeat nor a final state arrives within ``SILENCE_SECONDS``, the
   run is set to Crashed. The server's triggers service evaluates it every 5 s.
@@ -42,8 +42,12 @@ FINAL_EVENTS = ("Completed", "Failed", "Cancelled", "Crashed")
 
 
 def heartbeat_seconds() -> int:
-    """The period served runs beat at: the user's ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` or ours."""
-    return get_current_settings().flows.heartbeat_frequency or HEARTBEAT_SECONDS
+    """The period served runs beat at: ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` where the user set
+    it, else ours (Prefect's own default, 180 s, would make crash detection take minutes)."""
+    flows = get_current_settings().flows
+    if "heartbeat_frequency" in flows.model_fields_set and flows.heartbeat_frequency:
+        return flows.heartbeat_frequency
+    return HEARTBEAT_SECONDS
 
 
 def silence_seconds() -> float:

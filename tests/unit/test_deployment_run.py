@@ -7,10 +7,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from rl_train.config import load_config
-from rl_train.deployments.crash_detection import SILENCE_SECONDS, crash_automation
+from rl_train.deployments.crash_detection import (
+    HEARTBEAT_SECONDS,
+    SILENCE_ENV,
+    SILENCE_SECONDS,
+    crash_automation,
+    heartbeat_seconds,
+    silence_seconds,
+)
 from rl_train.deployments.serve import EPHEMERAL_NOTICE, deployment_parameters, prepare_server
 from rl_train.flows.base import prepare_inputs
 from rl_train.flows.deployment_run import (
@@ -107,3 +114,22 @@ def test_crash_automation_watches_rl_train_heartbeats() -> None:
     assert {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed"} <= trigger.expect
     assert trigger.within.total_seconds() == SILENCE_SECONDS and trigger.for_each == {"prefect.resource.id"}
     assert trigger.match_related.get("prefect.resource.name") == ["rl-train"]
+
+
+def test_served_runs_beat_every_30_s_unless_the_user_says_otherwise() -> None:
+    assert "PREFECT_FLOWS_HEARTBEAT_FREQUENCY" not in os.environ  # the test process's settings
+    assert heartbeat_seconds() == HEARTBEAT_SECONDS == 30  # not Prefect's default of 180 s
+    for user_value in (45, 180):  # the user's value wins, even when it equals Prefect's default
+        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: user_value}):
+            assert heartbeat_seconds() == user_value
+
+
+def test_the_silence_must_outlast_a_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SILENCE_ENV, raising=False)
+    assert silence_seconds() == SILENCE_SECONDS
+    monkeypatch.setenv(SILENCE_ENV, "40")
+    assert silence_seconds() == 40.0
+    for bad in ("30", "abc"):
+        monkeypatch.setenv(SILENCE_ENV, bad)
+        with pytest.raises(ValueError, match=SILENCE_ENV):
+            silence_seconds()
