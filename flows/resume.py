@@ -11,6 +11,7 @@ each setting that differs, unless the user asks to overwrite it (``run.overwrite
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from rl_train.config import Config
 from rl_train.storage.checkpoint import CheckpointStore
 from rl_train.storage.metrics import METRICS_FILE, MetricsWriter, RunDirectoryExistsError
 
+logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 LEDGER_FILE = "trained_prompts.jsonl"
 """One line per global step: the prompt groups trained in it (the resume audit trail)."""
@@ -111,6 +113,8 @@ def open_run_files(config: Config, run_dir: str, start: RunStart, store: Checkpo
         metrics = MetricsWriter(run_dir, overwrite=config.run.overwrite)
         return RunFiles(metrics, MetricsWriter(run_dir, name=LEDGER_FILE, claim=False), [])
     k = start.checkpoint_step
+    for path in store.set_aside_after(k):  # torn or damaged: the steps after k are redone
+        logger.warning("set aside %s: newer than the checkpoint this run resumes from (step %d)", path, k)
     metrics_rows = store.read_bytes(k, f"run/{METRICS_FILE}") if k else b""
     ledger_rows = store.read_bytes(k, f"run/{LEDGER_FILE}") if k else b""
     history = [json.loads(line) for line in metrics_rows.decode().splitlines() if line.strip()]

@@ -24,6 +24,7 @@ import copy
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -380,3 +381,17 @@ class CheckpointStore:
                 self.fs.rm(self._path(step), recursive=True)
             self._manifests.pop(step, None)
         return doomed
+
+    def set_aside_after(self, step: int) -> list[str]:
+        """Move every step folder newer than ``step`` (torn, or committed but failing ``verify``)
+        out of the store's sight, to ``<folder>.abandoned-<unix time>``: a run resumed from
+        ``step`` redoes those steps and must commit fresh checkpoints under their names. Nothing
+        is deleted: a damaged checkpoint stays there to be looked at. Returns the new paths."""
+        moved = []
+        stamp = int(time.time())
+        for newer in sorted(s for s in self._step_folders() if s > step):
+            target = f"{self._path(newer).rstrip('/')}.abandoned-{stamp}"
+            self.fs.mv(self._path(newer).rstrip("/"), target, recursive=True)
+            self._manifests.pop(newer, None)
+            moved.append(target)
+        return moved

@@ -102,3 +102,27 @@ def test_a_finished_run_is_not_run_again(small_run_config: dict[str, Any], ray_l
     again = run_training(config.model_copy(deep=True))
     assert again["steps"] == 2
     assert [m["step"] for m in read_metrics(again["run_dir"])] == [1, 2]
+
+
+def test_a_corrupt_newest_checkpoint_is_named_and_the_previous_one_is_used(
+    small_run_config: dict[str, Any], ray_local, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(small_run_config, "corrupt", total_steps=3)
+    config.checkpoint.every_steps = 1
+    with stop_at("sync", 3), pytest.raises(Stop):
+        run_training(config)
+    run_dir = f"{config.run.output_dir}/corrupt"
+    store = CheckpointStore(f"{run_dir}/checkpoints")
+    assert store.complete_steps() == [1, 2]
+    victim = next(Path(store.step_uri(2)).rglob("*.safetensors"))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    victim.write_bytes(bytes(data))
+
+    with caplog.at_level("WARNING"):
+        summary = run_training(config.model_copy(deep=True))
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "step-00000002" in warned and victim.name in warned, warned
+    assert [m["step"] for m in read_metrics(summary["run_dir"])] == [1, 2, 3]
+    ledger = _ledger(summary["run_dir"])
+    assert [row["step"] for row in ledger] == [1, 2, 3]
