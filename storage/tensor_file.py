@@ -42,6 +42,9 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
 }
 """The safetensors dtype name of each torch dtype a checkpoint may hold."""
 DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+STAGED_READ_BYTES = 8 << 20
+"""Up to this much tensor data is read in one call and copied into the tensors: a read per
+tensor costs more than the copy when there are hundreds of small ones."""
 MAX_HEADER_BYTES = 100 << 20
 """A larger header is a damaged length field, not a real file (the reference reader's limit)."""
 
@@ -135,9 +138,15 @@ def read_tensor_file(
         position = end
     if data_limit is not None and position != data_limit:
         raise TensorFileError(f"bad tensor header: {position} bytes of tensors in {data_limit} bytes of data")
-    tensors = {}
-    for name, dtype, shape, _, _ in specs:
-        tensors[name] = torch.empty(shape, dtype=dtype)
+    tensors = {name: torch.empty(shape, dtype=dtype) for name, dtype, shape, _, _ in specs}
+    if position <= STAGED_READ_BYTES:  # many small tensors (an optimizer's): one read, then copies
+        staging = memoryview(bytearray(position))
+        readinto_exact(staging)
+        for name, _, _, begin, end in specs:
+            if end > begin:
+                _bytes_of(tensors[name])[:] = staging[begin:end]
+        return tensors, metadata
+    for name, *_ in specs:
         if tensors[name].numel():
             readinto_exact(_bytes_of(tensors[name]))
     return tensors, metadata

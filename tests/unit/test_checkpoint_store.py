@@ -95,7 +95,10 @@ def test_bytes_json_table_round_trip(make_store: StoreFactory) -> None:
     assert store.complete_steps() == [3] and store.verify(3) == [] and store.latest_valid() == 3
 
 
-def test_tensors_round_trip_bit_exact(make_store: StoreFactory) -> None:
+@pytest.mark.parametrize("big_numel", [1 << 10, 3 << 20], ids=["staged", "streamed"])
+def test_tensors_round_trip_bit_exact(make_store: StoreFactory, big_numel: int) -> None:
+    """Both read paths: a small file read at once and copied out, a large one (12 MiB of
+    float32 over the 8 MiB staging limit) read straight into each tensor."""
     store = make_store()
     base = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
     nan_payload = torch.tensor([0x7FC00001, -0x003FFEDD], dtype=torch.int32).view(torch.float32)
@@ -110,7 +113,7 @@ def test_tensors_round_trip_bit_exact(make_store: StoreFactory) -> None:
         "bool": torch.tensor([True, False, True]),
         "f8": base.to(torch.float8_e4m3fn),
         "empty": torch.empty(0, 3),
-        "big": torch.randn(1 << 20),  # 4 MiB: hashed on the helper thread
+        "big": torch.randn(big_numel),  # 12 MiB: hashed on the helper thread
     }
     entry = store.write_tensors(1, "t.safetensors", tensors, metadata={"format": "pt"})
     store.commit(1, [entry], {})
