@@ -32,7 +32,7 @@ class RunConfig(StrictModel):
     seed: int = 0
     """Seed of sampling, shuffling and model init."""
     overwrite: bool = False
-    """Replace a previous run's metrics in the run directory; off, a reused run.name is refused."""
+    """Start over in a run directory that holds a previous run, removing its metrics and checkpoints; off, the run continues it (checkpoint.resume) or is refused."""
 
 
 class ModelConfig(StrictModel):

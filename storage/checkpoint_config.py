@@ -9,7 +9,7 @@ from rl_train.algorithms.config import StrictModel
 
 class CheckpointConfig(StrictModel):
     every_steps: int = Field(10, ge=0)
-    """Save a checkpoint after every N global steps and after the last one; 0 saves none (the run then cannot resume)."""
+    """Save a checkpoint after every N global steps and after the last one; 0 saves none (a stopped run then starts over)."""
     dir: str | None = None
     """Where checkpoints go: a path or s3:// URI (None: <run dir>/checkpoints)."""
     keep_last: int = Field(3, ge=1)
