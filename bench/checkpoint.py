@@ -15,6 +15,12 @@ so on local disk both sides read from the page cache.
     python -m rl_train.bench.checkpoint                 # the demo state, local disk
     python -m rl_train.bench.checkpoint --mb 200 --s3   # 200 MB, local disk and S3
     python -m rl_train.bench.checkpoint --s3 --s3-endpoint http://127.0.0.1:9000
+    python -m rl_train.bench.checkpoint --resume [--prefect]   # + start-up to the first resumed step
+
+``--resume`` runs ``rl-train train`` on the demo config twice in subprocesses: 2 steps with a
+checkpoint after each, then the same run with ``trainer.total_steps=3``, which resumes from
+checkpoint 2. It prints the seconds from process start to the fresh run's step 1 and to the
+resumed run's step 3, and their ratio (target: a resume within 10 s at the demo size).
 
 ``--s3`` without an endpoint (and without ``AWS_ENDPOINT_URL``) starts moto's S3 server in a
 subprocess on 127.0.0.1 (its own process: in this one it would share the GIL with the writer).
@@ -287,6 +293,47 @@ def measure_sha256(state: BenchState, repeats: int) -> float:
     return size / 1e6 / best
 
 
+def _seconds_to_step(command: list[str], step: int, total: int, env: dict[str, str]) -> tuple[float, float]:
+    """Run ``command``; (seconds from its start to its ``step k/total`` line, to its exit)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    first = float("nan")
+    tail: list[str] = []
+    for line in proc.stderr:
+        tail = [*tail[-40:], line]
+        if line.startswith(f"step {step:>4}/{total}") and first != first:
+            first = time.perf_counter() - started
+    if proc.wait() != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{''.join(tail)}")
+    return first, time.perf_counter() - started
+
+
+def measure_resume(config: str, prefect: bool) -> None:
+    """Seconds from process start to the first step of a fresh run, and to the first step of
+    the same run resumed from its newest checkpoint (the demo config, 2 steps then 1 more)."""
+    from rl_train.engines.model.tiny import create_tiny_policy
+    from rl_train.storage.builtin_data import write_builtin_task
+
+    with tempfile.TemporaryDirectory(prefix="rlt-bench-resume-") as tmp:
+        create_tiny_policy(f"{tmp}/model", seed=0, pretrain_steps=60)
+        write_builtin_task("single_digit_sum", f"{tmp}/data", seed=0)
+        base = [
+            sys.executable, "-m", "rl_train.cli", "train", "--config", config,
+            f"model.path={tmp}/model", "model.create_if_missing=false", f"data.data_dir={tmp}/data",
+            f"run.output_dir={tmp}/runs", "run.name=resume", "checkpoint.every_steps=1",
+            "trainer.val_before_train=false", "trainer.val_every_steps=0",
+            *([] if prefect else ["--no-prefect"]),
+        ]  # fmt: skip
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        fresh, _ = _seconds_to_step([*base, "trainer.total_steps=2"], 1, 2, env)
+        resumed, _ = _seconds_to_step([*base, "trainer.total_steps=3"], 3, 3, env)
+    where = "through Prefect" if prefect else "--no-prefect"
+    print(f"\nstart-up to the first step ({where}), seconds from process start")
+    print(f"  fresh run, step 1:               {fresh:6.1f}")
+    print(f"  resumed from checkpoint 2, step 3: {resumed:6.1f}   ratio resumed/fresh {resumed / fresh:.2f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -298,9 +345,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--local-dir", default=None, help="where the local checkpoints go (default: the temp dir)"
     )
+    parser.add_argument(
+        "--resume", action="store_true", help="also time start-up to the first resumed step (demo config)"
+    )
+    parser.add_argument("--prefect", action="store_true", help="time --resume through Prefect too")
     args = parser.parse_args(argv)
     state = random_state(args.mb) if args.mb else demo_state()
     report_throughput(args, state)
+    if args.resume:
+        config = str(Path(__file__).resolve().parents[1] / "configs" / "arith-tiny.yaml")
+        measure_resume(config, prefect=False)
+        if args.prefect:
+            measure_resume(config, prefect=True)
 
 
 if __name__ == "__main__":
