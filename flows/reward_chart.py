@@ -27,9 +27,12 @@ class Series:
     label: str
     color: str
     points: tuple[tuple[float, float], ...]
+    dash: str = ""
+    """SVG stroke-dasharray: the validation line is dashed so that it never hides the training
+    line where the two coincide (a policy that scores 0 on both, for one)."""
 
 
-def series_of(rows: Sequence[dict[str, Any]], key: str, color: str) -> Series:
+def series_of(rows: Sequence[dict[str, Any]], key: str, color: str, dash: str = "") -> Series:
     """``key``'s finite values over ``step``; rows without it (or with a None/NaN, as
     ``metrics.jsonl`` stores a non-finite value) leave a gap rather than a fake zero."""
     points = []
@@ -37,12 +40,15 @@ def series_of(rows: Sequence[dict[str, Any]], key: str, color: str) -> Series:
         value, step = row.get(key), row.get("step")
         if isinstance(value, (int, float)) and math.isfinite(value) and isinstance(step, int):
             points.append((float(step), float(value)))
-    return Series(key, color, tuple(points))
+    return Series(key, color, tuple(points), dash)
 
 
 def reward_series(rows: Sequence[dict[str, Any]]) -> list[Series]:
     """The training reward and the validation reward, in the chart's colours."""
-    return [series_of(rows, "reward/mean", "#1f77b4"), series_of(rows, "val/reward_mean", "#ff7f0e")]
+    return [
+        series_of(rows, "reward/mean", "#1f77b4"),
+        series_of(rows, "val/reward_mean", "#ff7f0e", dash="6 4"),
+    ]
 
 
 def _span(values: list[float], pad_fraction: float = 0.05) -> tuple[float, float]:
@@ -95,8 +101,11 @@ def render_svg(series: Sequence[Series], title: str) -> str:
     )
     for s in drawn:
         points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points)
-        out.append(f'<polyline class="series" data-label="{escape(s.label)}" fill="none" '
-                   f'stroke="{s.color}" stroke-width="2" points="{points}"/>')
+        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+        out.append(
+            f'<polyline class="series" data-label="{escape(s.label)}" fill="none" '
+            f'stroke="{s.color}" stroke-width="2"{dash} points="{points}"/>'
+        )
         out.extend(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{s.color}"/>' for x, y in s.points)
     for i, s in enumerate(series):
         x = WIDTH - RIGHT - 150

@@ -70,6 +70,8 @@ def test_reward_curve_image_is_svg_with_one_line_per_metric() -> None:
     ys = [y for _, y in train + val]
     assert min(ys) == train[2][1] and max(ys) == train[0][1]
     assert min(ys) >= TOP and max(ys) <= HEIGHT
+    dashes = {p.get("data-label"): p.get("stroke-dasharray") for p in ET.fromstring(svg).iter(f"{SVG}polyline")}
+    assert dashes == {"reward/mean": None, "val/reward_mean": "6 4"}  # equal values never hide a line
     uri = svg_data_uri(svg)
     assert uri.startswith("data:image/svg+xml;base64,")
     assert base64.b64decode(uri.split(",", 1)[1]).decode() == svg
