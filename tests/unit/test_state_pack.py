@@ -13,13 +13,17 @@ from hypothesis import strategies as st
 
 from rl_train.storage.state_pack import pack_state, unpack_state
 
-scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.binary(max_size=8)
+scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.binary(max_size=8)
+)
 keys = st.text(max_size=6) | st.integers(-5, 5) | st.tuples(st.integers(0, 3), st.text(max_size=2))
 states = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.lists(inner, max_size=4).map(tuple)
-    | st.dictionaries(keys, inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(keys, inner, max_size=4)
+    ),
     max_leaves=20,
 )
 
