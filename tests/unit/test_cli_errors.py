@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from rl_train.cli import main
+from rl_train.config import config_to_yaml, load_config
 from rl_train.storage.dataset import COLUMNS_DOC
 from rl_train.storage.metrics import MetricsWriter, read_metrics
 
@@ -125,19 +126,26 @@ def test_a_missing_model_that_may_not_be_created_is_reported_before_a_flow(
     assert flow_spy.calls == []
 
 
-def test_a_reused_run_name_is_refused_unless_overwrite(
+def test_a_reused_run_name_with_other_settings_is_refused_unless_overwrite(
     tmp_path: Path, flow_spy: FlowSpy, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train = _jsonl(tmp_path / "train.jsonl", [GOOD])
     run_dir = str(tmp_path / "runs" / "exp")
     MetricsWriter(run_dir).write({"step": 1, "reward/mean": 0.5})
+    earlier = load_config(_config(tmp_path, train), ["actor.lr=0.5"])
+    Path(run_dir, "config.yaml").write_text(config_to_yaml(earlier))
     assert _train(_config(tmp_path, train)) == 2
     err = capsys.readouterr().err
-    assert "holds a previous run" in err and "run.overwrite=true" in err
+    assert "holds a run with other settings" in err and "actor.lr: 0.5 -> 0.001" in err
+    assert "run.overwrite=true" in err
     assert flow_spy.calls == [] and read_metrics(run_dir) == [{"step": 1, "reward/mean": 0.5}]
+    # with checkpoint.resume off, any earlier run is refused, same settings or not
+    Path(run_dir, "config.yaml").write_text(config_to_yaml(load_config(_config(tmp_path, train), [])))
+    assert _train(_config(tmp_path, train), "checkpoint.resume=false") == 2
+    assert "checkpoint.resume is off" in capsys.readouterr().err
+    assert flow_spy.calls == []
     assert _train(_config(tmp_path, train, overwrite=True), "--no-prefect") == 0
-    assert flow_spy.calls == ["run_training"]
-    MetricsWriter(run_dir)  # the previous run's metrics were cleared for this run
+    assert flow_spy.calls == ["run_training"]  # the trainer, once started, clears the earlier run
 
 
 def test_built_in_data_is_written_and_checked_before_the_flow(tmp_path: Path, flow_spy: FlowSpy) -> None:
