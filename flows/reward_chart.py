@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape
 
-WIDTH, HEIGHT = 640, 320
+WIDTH, HEIGHT = 640, 300
+"""Size of the chart above its legend, which adds a row of 16 px per line it wraps to."""
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 28, 40
-"""Plot margins in pixels: room for the y tick labels, the legend and the x tick labels."""
+"""Plot margins in pixels: room for the y tick labels, the title and the x tick labels."""
 
 
 @dataclass(frozen=True)
@@ -51,27 +52,57 @@ def reward_series(rows: Sequence[dict[str, Any]]) -> list[Series]:
     ]
 
 
-def _span(values: list[float], pad_fraction: float = 0.05) -> tuple[float, float]:
-    """A padded [low, high]; a flat line gets a unit span so it sits mid-chart, not on an edge."""
+def nice_step(span: float, target_ticks: int = 5) -> float:
+    """A tick spacing of 1, 2 or 5 times a power of ten giving about ``target_ticks`` ticks."""
+    raw = span / target_ticks
+    magnitude = 10 ** math.floor(math.log10(raw))
+    return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw * (1 - 1e-9))
+
+
+def value_axis(values: Sequence[float]) -> tuple[float, float, list[float]]:
+    """[low, high] widened to round ticks around ``values``, and the ticks; a flat line gets a
+    unit span so that it sits mid-chart rather than on an edge."""
     low, high = min(values), max(values)
     if high - low < 1e-12:
-        return low - 0.5, high + 0.5
-    pad = (high - low) * pad_fraction
-    return low - pad, high + pad
+        low, high = low - 0.5, high + 0.5
+    step = nice_step(high - low)
+    low, high = math.floor(low / step + 1e-9) * step, math.ceil(high / step - 1e-9) * step
+    ticks = [low + i * step for i in range(round((high - low) / step) + 1)]
+    return low, high, ticks
 
 
-def _ticks(low: float, high: float, count: int = 5) -> list[float]:
-    return [low + (high - low) * i / (count - 1) for i in range(count)]
+def step_ticks(first: float, last: float) -> list[int]:
+    """Whole steps at a round spacing, within [first, last]."""
+    step = max(1, round(nice_step(max(last - first, 1.0))))
+    start = math.ceil(first / step) * step
+    return list(range(int(start), int(last) + 1, step)) or [int(first)]
+
+
+def _legend(series: Sequence[Series], top: float) -> tuple[list[str], float]:
+    """Legend entries left to right under the plot, wrapping at the chart's width; returns the
+    elements and the height they take."""
+    out, x, y = [], float(LEFT), top
+    for s in series:
+        width = 24 + 6.5 * len(s.label) + 18
+        if x + width > WIDTH - RIGHT and x > LEFT:
+            x, y = float(LEFT), y + 16
+        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+        out.append(
+            f'<line x1="{x:.1f}" x2="{x + 18:.1f}" y1="{y - 4:.1f}" y2="{y - 4:.1f}" stroke="{s.color}" '
+            f'stroke-width="2"{dash}/><text x="{x + 24:.1f}" y="{y:.1f}">{escape(s.label)}</text>'
+        )
+        x += width
+    return out, y - top + 16
 
 
 def render_svg(series: Sequence[Series], title: str) -> str:
-    """An SVG document: one polyline (and a dot per point) per non-empty series, y ticks,
-    step ticks and a legend. Steps map left to right and values bottom to top."""
+    """An SVG document: one polyline (and a dot per point) per non-empty series, round value
+    and step ticks, and a legend under the plot. Steps map left to right, values bottom to top."""
     drawn = [s for s in series if s.points]
     xs = [x for s in drawn for x, _ in s.points] or [0.0, 1.0]
-    ys = [y for s in drawn for _, y in s.points] or [0.0, 1.0]
     x_low, x_high = (min(xs), max(xs)) if max(xs) > min(xs) else (min(xs) - 1, max(xs) + 1)
-    y_low, y_high = _span(ys)
+    y_low, y_high, y_ticks = value_axis([y for s in drawn for _, y in s.points] or [0.0, 1.0])
+    decimals = max(0, -math.floor(math.log10(y_ticks[1] - y_ticks[0]) + 1e-9))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def px(x: float) -> float:
@@ -80,21 +111,23 @@ def render_svg(series: Sequence[Series], title: str) -> str:
     def py(y: float) -> float:
         return TOP + (y_high - y) / (y_high - y_low) * plot_h
 
+    legend, legend_h = _legend(series, HEIGHT + 8)
+    height = HEIGHT + legend_h
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height:.0f}" '
+        f'viewBox="0 0 {WIDTH} {height:.0f}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{WIDTH}" height="{height:.0f}" fill="white"/>',
         f'<text x="{LEFT}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>',
     ]
-    for y in _ticks(y_low, y_high):
-        out.append(
-            f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{py(y):.1f}" y2="{py(y):.1f}" stroke="#e5e5e5"/>'
-            f'<text x="{LEFT - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.3g}</text>'
-        )
-    for x in sorted({round(x) for x in _ticks(x_low, x_high, count=min(6, int(x_high - x_low) + 1))}):
-        out.append(
-            f'<text x="{px(x):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{x}</text>'
-        )
+    out += [
+        f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{py(y):.1f}" y2="{py(y):.1f}" stroke="#e5e5e5"/>'
+        f'<text x="{LEFT - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.{decimals}f}</text>'
+        for y in y_ticks
+    ]
+    out += [
+        f'<text x="{px(x):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{x}</text>'
+        for x in step_ticks(x_low, x_high)
+    ]
     out.append(
         f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 6}" text-anchor="middle">global step</text>'
         f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>'
@@ -107,13 +140,7 @@ def render_svg(series: Sequence[Series], title: str) -> str:
             f'stroke="{s.color}" stroke-width="2"{dash} points="{points}"/>'
         )
         out.extend(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{s.color}"/>' for x, y in s.points)
-    for i, s in enumerate(series):
-        x = WIDTH - RIGHT - 150
-        out.append(
-            f'<rect x="{x}" y="{TOP + 8 + 16 * i}" width="12" height="3" fill="{s.color}"/>'
-            f'<text x="{x + 18}" y="{TOP + 13 + 16 * i}">{escape(s.label)}</text>'
-        )
-    out.append("</svg>")
+    out += [*legend, "</svg>"]
     return "\n".join(out)
 
 

@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.types.names import raise_on_name_alphanumeric_dashes_only
 
-from rl_train.flows.reward_chart import HEIGHT, TOP, render_svg, reward_series, svg_data_uri
+from rl_train.flows.reward_chart import (
+    HEIGHT,
+    TOP,
+    render_svg,
+    reward_series,
+    step_ticks,
+    svg_data_uri,
+    value_axis,
+)
 from rl_train.flows.ui import (
     MAX_KEY_STEM,
     artifact_key,
@@ -84,6 +92,19 @@ def test_a_flat_or_empty_series_still_draws() -> None:
     single = _polylines(render_svg(reward_series([{"step": 1, "reward/mean": 0.5}]), "t"))
     assert len(single["reward/mean"]) == 1
     assert _polylines(render_svg(reward_series([]), "t")) == {}
+
+
+def test_axes_have_round_ticks() -> None:
+    # Rewards 0.043..0.105: span 0.062, a fifth of it 0.0124 -> the next of 1, 2, 5 x 0.01 is 0.02;
+    # the axis widens to the ticks around the data, 0.04 and 0.12.
+    low, high, ticks = value_axis([0.043, 0.105, 0.07])
+    assert (low, high) == pytest.approx((0.04, 0.12))
+    assert ticks == pytest.approx([0.04, 0.06, 0.08, 0.10, 0.12])
+    # A flat line at 0: a unit span (-0.5..0.5) in steps of 0.2, widened to -0.6..0.6.
+    assert value_axis([0.0, 0.0])[2] == pytest.approx([-0.6, -0.4, -0.2, 0.0, 0.2, 0.4, 0.6])
+    assert step_ticks(1, 24) == [5, 10, 15, 20]  # 23 steps / 5 = 4.6 -> every 5
+    assert step_ticks(1, 3) == [1, 2, 3]  # never finer than one step
+    assert step_ticks(1, 1) == [1]
 
 
 def test_titles_are_escaped() -> None:
