@@ -42,11 +42,10 @@ VARIANTS = {
     "rloo": ["algorithm.adv_estimator=rloo", "actor.policy_loss=vanilla"],
     "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus", "actor.policy_loss=vanilla"],
     "gspo": ["algorithm.adv_estimator=grpo", "actor.policy_loss=gspo"],
-    # The estimators with their own phases: gae trains a critic (values, critic_update),
-    # remax answers each prompt once greedily for its baseline (greedy_baseline). The critic
-    # makes two passes over each batch: it must learn to judge answers as the policy learns
-    # to give them (see engines/training/critic_config.py).
-    "gae": ["algorithm.adv_estimator=gae", "actor.policy_loss=vanilla", "critic.ppo_epochs=2"],
+    # The estimators with their own phases: gae trains a critic (values, critic_update, with
+    # the critic's defaults: see engines/training/critic_config.py), remax answers each prompt
+    # once greedily for its baseline (greedy_baseline).
+    "gae": ["algorithm.adv_estimator=gae", "actor.policy_loss=vanilla"],
     "remax": ["algorithm.adv_estimator=remax", "actor.policy_loss=vanilla"],
     # The trainer modes, with grpo + vanilla (and the async modes' default token-level IS).
     # separate_async does one mini-batch per local update (R-2.6); 4 local updates of 32

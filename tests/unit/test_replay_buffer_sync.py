@@ -67,6 +67,7 @@ def test_filter_evicts_k_refills_2k_then_drains_and_discards_the_surplus() -> No
         "replay/evicted_failure": 0.0,
         "replay/retried_failure": 0.0,
         "rollout/generation_errors": 0.0,
+        "rollout/revived_replicas": 0.0,
     }
 
 
