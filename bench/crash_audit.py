@@ -8,8 +8,11 @@ epoch ``i // L``). Sync draws exactly what it trains, so the ledger must hold ``
 ``p<steps x batch - 1>`` once each. The async modes keep up to ``prefetch_batches + 1``
 batches of drawn prompts in flight, and those still in flight when the run ends are never
 trained: there, the epochs before the oldest untrained draw are the *covered* epochs, and
-each of their prompts must have been trained exactly once; fewer untrained draws than the
-in-flight bound proves that no prompt was lost outside them either.
+each of their prompts must have been trained exactly once. Outside them a prompt counts as
+lost when more draws went untrained than can be in flight (``bound``), or when an untrained
+draw is older than ``T - bound`` (T groups trained): groups in flight are refilled one for
+one and sampled oldest first, and the tiny run's four-token answers never keep one out for
+long, so only the last draws can still be in flight when the run ends.
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ def ledger_problems(run_dir: Path, train_file: Path, result: AuditResult) -> lis
             f"{len(result.untrained_draws)} drawn prompts were never trained, more than the {in_flight_bound} "
             f"that can be in flight at the end: lost {result.untrained_draws[:40]}"
         )
+    lost = [u for u in result.untrained_draws if u < len(indices) - in_flight_bound]
+    if lost:
+        problems.append(f"prompts drawn long before the end and never trained (lost): {lost[:40]}")
     prompts = load_prompts([train_file])
     boundary = result.untrained_draws[0] if result.untrained_draws else indices[-1] + 1
     result.covered_epochs = boundary // len(prompts)
