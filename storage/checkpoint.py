@@ -15,15 +15,21 @@ A committed checkpoint is immutable. A step folder without a manifest is a write
 finish: a resumed run may write into it again, and ``prune`` removes it once a newer step is
 committed (never before: it may be the one being written). Folders not named ``step-<8 digits>``
 (an ``eval/`` beside them) are not the store's and are left alone.
+
+On S3 a small checkpoint costs requests rather than bytes, so a store instance remembers what
+cannot have changed behind it: the manifests it read or wrote, the steps it found uncommitted
+(asked once per step, not once per part), and the files it verified (``checkpoint_trust``). A
+commit lists the root once and prunes from that listing: a checkpoint of K parts written and
+committed by one instance costs K + 3 requests, plus two deletes when it prunes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,12 +40,22 @@ import pyarrow.parquet as pq
 import torch
 
 from rl_train.storage.background_writer import BackgroundWriter
+from rl_train.storage.checkpoint_folders import (
+    StepFolder,
+    check_part_path,
+    list_step_folder,
+    list_step_folders,
+    parse_step_dir,
+    select_pruned_steps,
+    step_dir_name,
+)
 from rl_train.storage.checkpoint_io import (
     HashingWriter,
     VerifiedReader,
     build_publisher,
     hash_stored_file,
     open_filesystem,
+    read_whole,
 )
 from rl_train.storage.checkpoint_manifest import (
     MANIFEST_NAME,
@@ -50,6 +66,7 @@ from rl_train.storage.checkpoint_manifest import (
     manifest_parts,
     parse_manifest,
 )
+from rl_train.storage.checkpoint_trust import VerifiedFiles
 from rl_train.storage.state_pack import pack_state, unpack_state
 from rl_train.storage.tensor_file import TensorFileError, read_tensor_file, write_tensor_file
 
@@ -59,49 +76,14 @@ __all__ = [
     "CheckpointError",
     "CheckpointStore",
     "PartEntry",
+    "parse_step_dir",
     "select_pruned_steps",
     "step_dir_name",
 ]
 
 logger = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"step-(\d{8,})")
 STATE_FORMAT = 1
-
-
-def step_dir_name(step: int) -> str:
-    """``step-00000012``: zero-padded so that folder names sort as steps do."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"a checkpoint step is an int >= 0, not {step!r}")
-    return f"step-{step:08d}"
-
-
-def parse_step_dir(name: str) -> int | None:
-    """The step of a folder named by ``step_dir_name``; None for any other name."""
-    match = _STEP_DIR.fullmatch(name)
-    if match is None or step_dir_name(int(match[1])) != name:
-        return None
-    return int(match[1])
-
-
-def select_pruned_steps(complete: list[int], torn: list[int], keep_last: int, keep_every: int) -> list[int]:
-    """The steps ``prune`` deletes: committed ones neither among the newest ``keep_last`` nor a
-    multiple of ``keep_every`` (0: none kept that way), and torn ones older than the newest
-    committed step."""
-    newest = sorted(complete)[-keep_last:]
-    kept = set(newest) | {s for s in complete if keep_every and s % keep_every == 0}
-    doomed = [s for s in complete if s not in kept]
-    if complete:
-        doomed += [s for s in torn if s < max(complete)]
-    return sorted(doomed)
-
-
-def _check_relpath(relpath: str) -> str:
-    """A part's path: relative, posix, no ``..``, no dot-names (reserved for temporary files)."""
-    parts = relpath.split("/")
-    if "\\" in relpath or any(not part or part.startswith(".") for part in parts) or relpath == MANIFEST_NAME:
-        raise ValueError(f"a checkpoint part path is relative and posix, without dot-names: {relpath!r}")
-    return relpath
 
 
 class CheckpointStore:
@@ -127,6 +109,21 @@ class CheckpointStore:
         self._publisher = build_publisher(self.fs)
         self._manifests: dict[int, dict[str, Any]] = {}
         """Manifests already read and found valid; a committed checkpoint does not change."""
+        self._open_steps: set[int] = set()
+        """Steps found uncommitted: only this run's committer commits them, after their parts."""
+        self._verified = VerifiedFiles()
+
+    def _forget(self, step: int) -> None:
+        """Drop what is known of ``step``: its folder was deleted or moved, or is re-verified."""
+        self._manifests.pop(step, None)
+        self._open_steps.discard(step)
+        self._verified.forget(step)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy sent to another process asks the store afresh instead of trusting our memory."""
+        state = self.__dict__.copy()
+        state.update(_manifests={}, _open_steps=set(), _verified=VerifiedFiles())
+        return state
 
     def step_uri(self, step: int) -> str:
         return f"{self.root}/{step_dir_name(step)}"
@@ -135,17 +132,27 @@ class CheckpointStore:
         folder = f"{self._root}/{step_dir_name(step)}"
         return f"{folder}/{relpath}" if relpath else folder
 
-    def _exists_now(self, path: str) -> bool:
-        """Exists, asked of the store (another process may have written it since we looked)."""
-        self.fs.invalidate_cache(path)
-        return self.fs.exists(path)
-
     # Writers: callable from any process.
 
-    def _write(self, step: int, relpath: str, produce: Callable[[HashingWriter], None]) -> PartEntry:
-        _check_relpath(relpath)
-        if self._exists_now(self._path(step, MANIFEST_NAME)):
+    def _check_writable(self, step: int) -> None:
+        """Refuse a write into a committed step. The store is asked (one GET of the manifest:
+        a HEAD of a missing key is followed by a listing on S3) at the first write of a step by
+        this instance, not at every part: the manifest is written only by the run's committer
+        once every part is written, so a step found uncommitted stays so until this instance
+        commits it (or, wrongly, another run sharing the root does: that is not caught here)."""
+        committed = step in self._manifests
+        if not committed and step not in self._open_steps:
+            try:
+                read_whole(self.fs, self._path(step, MANIFEST_NAME))
+                committed = True
+            except FileNotFoundError:
+                self._open_steps.add(step)
+        if committed:
             raise CheckpointError(f"{self.step_uri(step)} is committed; a committed checkpoint is immutable")
+
+    def _write(self, step: int, relpath: str, produce: Callable[[HashingWriter], None]) -> PartEntry:
+        check_part_path(relpath)
+        self._check_writable(step)
         with self._publisher.open(self._path(step, relpath)) as handle:
             writer = HashingWriter(handle)
             try:
@@ -198,14 +205,18 @@ class CheckpointStore:
     def commit(self, step: int, parts: list[PartEntry], meta: dict[str, Any]) -> None:
         """Write the manifest listing ``parts`` and ``meta``, then prune. The manifest appears
         at once or not at all (local: a renamed temporary file; S3: one PUT). Every part must
-        be in the step folder with its size, so that no commit names a file it lacks."""
-        manifest_path = self._path(step, MANIFEST_NAME)
-        if self._exists_now(manifest_path):
-            raise CheckpointError(
-                f"{self.step_uri(step)} is already committed; a committed checkpoint is immutable"
-            )
+        be in the step folder with its size, so that no commit names a file it lacks. One
+        listing of the root shows that, whether the step is committed already, and what to
+        prune."""
+        already = CheckpointError(f"{self.step_uri(step)} is already committed; a committed checkpoint is immutable")
+        if step in self._manifests:
+            raise already
         data = build_manifest(step, parts, meta)
-        stored = self._stored_sizes(step)
+        folders = list_step_folders(self.fs, self._root)
+        folder = folders.setdefault(step, StepFolder())
+        if folder.committed:
+            raise already
+        stored = {relpath: info["size"] for relpath, info in folder.files.items()}
         problems = [
             f"{part.path} is {'missing' if part.path not in stored else f'{stored[part.path]} bytes, not {part.size}'}"
             for part in parts
@@ -213,53 +224,34 @@ class CheckpointStore:
         ]
         if problems:
             raise CheckpointError(f"cannot commit {self.step_uri(step)}: " + "; ".join(problems))
-        with self._publisher.open(manifest_path) as handle:
+        with self._publisher.open(self._path(step, MANIFEST_NAME)) as handle:
             handle.write(data)
         self._manifests[step] = parse_manifest(data, step)
+        self._open_steps.discard(step)
+        folder.files[MANIFEST_NAME] = {"size": len(data)}
         try:
-            self.prune()
+            self._prune(folders)
         except Exception:  # housekeeping: the checkpoint itself is committed
             logger.warning("pruning old checkpoints under %s failed", self.root, exc_info=True)
 
     # Readers.
 
     def _step_folders(self) -> dict[int, bool]:
-        """Every step folder under the root -> whether it holds a manifest (no checksums). One
-        recursive listing: on S3 that is one request per thousand objects, where a listing
-        bounded in depth costs a request per folder."""
-        try:
-            found = self.fs.find(self._root, withdirs=True, refresh=True)
-        except FileNotFoundError:
-            return {}
-        folders: dict[int, bool] = {}
-        for path in found:
-            parts = path[len(self._root) + 1 :].split("/")
-            step = parse_step_dir(parts[0])
-            if step is not None:
-                folders[step] = folders.get(step, False) or parts[1:] == [MANIFEST_NAME]
-        return folders
-
-    def _stored_sizes(self, step: int) -> dict[str, int]:
-        """Relative path -> size of every file now in the step folder."""
-        folder = self._path(step)
-        try:
-            found = self.fs.find(folder, detail=True, refresh=True)
-        except FileNotFoundError:
-            return {}
-        return {path[len(folder) + 1 :]: info["size"] for path, info in found.items()}
+        """Every step folder under the root -> whether it holds a manifest (no checksums)."""
+        return {step: folder.committed for step, folder in list_step_folders(self.fs, self._root).items()}
 
     def complete_steps(self) -> list[int]:
         """Steps whose folder holds a manifest, ascending; cheap (checks no file)."""
         return sorted(step for step, committed in self._step_folders().items() if committed)
 
+    def _torn(self, step: int) -> CheckpointCorruptError:
+        return CheckpointCorruptError(f"{self.step_uri(step)}: {MANIFEST_NAME} missing (a write that did not finish)")
+
     def _load_manifest(self, step: int) -> dict[str, Any]:
-        path = self._path(step, MANIFEST_NAME)
         try:
-            data = self.fs.cat_file(path)
+            data = read_whole(self.fs, self._path(step, MANIFEST_NAME))
         except FileNotFoundError:
-            raise CheckpointCorruptError(
-                f"{self.step_uri(step)}: {MANIFEST_NAME} missing (a write that did not finish)"
-            ) from None
+            raise self._torn(step) from None
         try:
             return parse_manifest(data, step)
         except ValueError as error:
@@ -277,49 +269,73 @@ class CheckpointStore:
     def verify(self, step: int) -> list[str]:
         """What is wrong with the checkpoint of ``step``, each naming its file; [] when it is
         complete: the manifest parses, and every listed file has its size and checksum."""
+        return self._verify(step, None)
+
+    def _verify(self, step: int, folder: StepFolder | None) -> list[str]:
+        """``verify``, from ``folder`` when a listing of the root already shows it. A pass
+        remembers each file's version, so that reads of it need not hash it again."""
+        self._forget(step)
+        if folder is not None and not folder.committed:
+            return [str(self._torn(step))]
         try:
             document = self._load_manifest(step)
         except CheckpointCorruptError as error:
             return [str(error)]
-        stored = self._stored_sizes(step)
+        stored = (folder or list_step_folder(self.fs, self._path(step))).files
         problems = []
         for relpath, entry in manifest_parts(document).items():
             label = f"{self.step_uri(step)}/{relpath}"
-            if relpath not in stored:
+            size = stored[relpath]["size"] if relpath in stored else None
+            if size is None:
                 problems.append(f"{label}: missing")
-            elif stored[relpath] != entry.size:
-                problems.append(f"{label}: size {stored[relpath]} != {entry.size} in the manifest")
+            elif size != entry.size:
+                problems.append(f"{label}: size {size} != {entry.size} in the manifest")
             else:
                 digest = hash_stored_file(self.fs, self._path(step, relpath))
                 if digest != entry.sha256:
                     problems.append(f"{label}: checksum sha256 {digest} != {entry.sha256} in the manifest")
         if not problems:
             self._manifests[step] = document
+            self._verified.remember(step, {relpath: stored[relpath] for relpath in document["files"]})
         return problems
 
     def latest_valid(self) -> int | None:
         """The newest step whose checkpoint verifies; each newer one (torn or damaged) is
-        skipped with a warning naming its folder and its problems."""
-        for step in sorted(self._step_folders(), reverse=True):
-            problems = self.verify(step)
+        skipped with a warning naming its folder and its problems. Reads of the step it returns
+        trust that verification (see ``_open_verified``)."""
+        folders = list_step_folders(self.fs, self._root)
+        for step in sorted(folders, reverse=True):
+            problems = self._verify(step, folders[step])
             if not problems:
                 return step
             logger.warning("skipping checkpoint %s: %s", self.step_uri(step), "; ".join(problems))
         return None
 
-    @contextlib.contextmanager
-    def _open_verified(self, step: int, relpath: str) -> Iterator[VerifiedReader]:
-        """A reader of a committed part; its size and checksum are checked when the block ends."""
+    def _part(self, step: int, relpath: str) -> tuple[PartEntry, str]:
+        """The manifest entry of a committed part, and the label that errors name it by."""
         parts = manifest_parts(self._cached_manifest(step))
         label = f"{self.step_uri(step)}/{relpath}"
         if relpath not in parts:
             raise CheckpointError(f"{label}: not in the checkpoint (the manifest does not list it)")
+        return parts[relpath], label
+
+    def _still_verified(self, step: int, relpath: str, entry: PartEntry) -> bool:
+        """Whether ``verify`` passed this file in this instance and it is unchanged since: then
+        reading it need not hash it again (``checkpoint_trust`` says what risk that takes)."""
+        return self._verified.unchanged(self.fs, self._path(step, relpath), step, relpath, entry.size)
+
+    @contextlib.contextmanager
+    def _open_verified(self, step: int, relpath: str) -> Iterator[VerifiedReader]:
+        """A reader of a committed part; its size and (unless ``_still_verified``) its checksum
+        are checked when the block ends."""
+        entry, label = self._part(step, relpath)
+        check_sha256 = not self._still_verified(step, relpath, entry)
         try:
             handle = self.fs.open(self._path(step, relpath), "rb")
         except FileNotFoundError:
             raise CheckpointCorruptError(f"{label}: missing") from None
         with handle:
-            reader = VerifiedReader(handle, label, parts[relpath])
+            reader = VerifiedReader(handle, label, entry, check_sha256)
             try:
                 yield reader
                 reader.finish()
@@ -327,8 +343,17 @@ class CheckpointStore:
                 reader.close()
 
     def read_bytes(self, step: int, relpath: str) -> bytes:
-        with self._open_verified(step, relpath) as reader:
-            return reader.read_all()
+        """The whole file in one request (a streamed read costs a HEAD first on S3), checked."""
+        entry, label = self._part(step, relpath)
+        check_sha256 = not self._still_verified(step, relpath, entry)
+        try:
+            data = read_whole(self.fs, self._path(step, relpath))
+        except FileNotFoundError:
+            raise CheckpointCorruptError(f"{label}: missing") from None
+        with contextlib.closing(VerifiedReader(io.BytesIO(data), label, entry, check_sha256)) as reader:
+            reader.read_all()
+            reader.finish()
+        return data
 
     def read_json(self, step: int, relpath: str) -> Any:
         return json.loads(self.read_bytes(step, relpath))
@@ -368,18 +393,28 @@ class CheckpointStore:
     def prune(self) -> list[int]:
         """Delete committed checkpoints outside the retention and torn folders older than the
         newest committed one (see ``select_pruned_steps``); the deleted steps."""
-        folders = self._step_folders()
-        complete = [step for step, committed in folders.items() if committed]
-        torn = [step for step, committed in folders.items() if not committed]
+        return self._prune(list_step_folders(self.fs, self._root))
+
+    def _prune(self, folders: dict[int, StepFolder]) -> list[int]:
+        """``prune`` from a listing of the root (a commit's). Two deletes in all, however many
+        steps go: their manifests first, so that a delete cut short leaves torn folders, never a
+        damaged checkpoint; then the rest of their files (on S3 in bulk, as listed)."""
+        complete = [step for step, folder in folders.items() if folder.committed]
+        torn = [step for step, folder in folders.items() if not folder.committed]
         doomed = select_pruned_steps(complete, torn, self.keep_last, self.keep_every)
+        self._publisher.delete_files(
+            [self._path(step, MANIFEST_NAME) for step in doomed if folders[step].committed]
+        )
+        self._publisher.delete_folders(
+            {
+                self._path(step): [
+                    self._path(step, relpath) for relpath in folders[step].files if relpath != MANIFEST_NAME
+                ]
+                for step in doomed
+            }
+        )
         for step in doomed:
-            # The manifest first: a delete cut short leaves a torn folder, not a damaged checkpoint.
-            if folders[step]:
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm(self._path(step, MANIFEST_NAME))
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(self._path(step), recursive=True)
-            self._manifests.pop(step, None)
+            self._forget(step)
         return doomed
 
     def set_aside_after(self, step: int) -> list[str]:
@@ -392,6 +427,6 @@ class CheckpointStore:
         for newer in sorted(s for s in self._step_folders() if s > step):
             target = f"{self._path(newer).rstrip('/')}.abandoned-{stamp}"
             self.fs.mv(self._path(newer).rstrip("/"), target, recursive=True)
-            self._manifests.pop(newer, None)
+            self._forget(newer)
             moved.append(target)
         return moved

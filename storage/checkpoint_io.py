@@ -8,6 +8,9 @@
 - **Checksums are taken from the bytes as they go by**, never by reading a file back. Large
   buffers are hashed on a helper thread while the same chunk is written or the next one read:
   ``hashlib`` and file I/O both release the GIL, so the checksum costs little wall time.
+- **On S3 a small checkpoint costs requests, not bytes**, so each operation here makes as few
+  as it can: a whole small file is one GET (``read_whole``), and a folder is deleted with one
+  bulk request per thousand files it is known to hold (``Publisher.delete_folders``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -58,10 +62,19 @@ def open_filesystem(
 
 
 class Publisher(Protocol):
-    """How a written file appears under its final name, all at once or not at all."""
+    """How a written file appears under its final name, all at once or not at all, and how
+    files and folders go away."""
 
     def open(self, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
         """A handle to write ``path``; the file appears when the block exits without an error."""
+        ...
+
+    def delete_files(self, paths: list[str]) -> None:
+        """Delete these files; a missing one is no error."""
+        ...
+
+    def delete_folders(self, folders: dict[str, list[str]]) -> None:
+        """Delete each folder (its path -> the files a listing found in it) with what it holds."""
         ...
 
 
@@ -81,6 +94,18 @@ class LocalPublisher:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(temp)
             raise
+
+    def delete_files(self, paths: list[str]) -> None:
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    def delete_folders(self, folders: dict[str, list[str]]) -> None:
+        """Each folder as a tree: a local folder also holds what no listing showed (a writer's
+        temporary file, empty sub-folders)."""
+        for folder in folders:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(folder)
 
 
 class ObjectPublisher:
@@ -102,9 +127,35 @@ class ObjectPublisher:
             raise
         handle.close()
 
+    def delete_files(self, paths: list[str]) -> None:
+        """One bulk request per thousand keys (s3fs); a missing key is no error on S3."""
+        if paths:
+            self.fs.rm(paths)
+
+    def delete_folders(self, folders: dict[str, list[str]]) -> None:
+        """A folder of an object store is nothing but its keys: delete the listed ones in bulk,
+        without listing again (a recursive ``rm`` lists each folder first). A key written after
+        the listing stays, as a torn folder that the next prune removes."""
+        self.delete_files([path for files in folders.values() for path in files])
+
 
 def build_publisher(fs: fsspec.AbstractFileSystem) -> Publisher:
     return LocalPublisher() if isinstance(fs, LocalFileSystem) else ObjectPublisher(fs)
+
+
+def read_whole(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
+    """The whole file in one request (``FileNotFoundError`` if there is none). Asking from byte
+    0 to the end matters on S3: without a range s3fs first asks for the size (a HEAD, plus a
+    listing when the key is missing) to decide whether to fetch it in parallel chunks."""
+    return fs.cat_file(path, start=0)
+
+
+def file_version(info: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What tells one content of a stored file from another without reading it: the size with
+    the ETag on S3 (a new upload gets a new one) or the mtime and inode on disk. None when the
+    filesystem reports neither (its files are then never trusted unread)."""
+    stamp = (info.get("ETag"), info.get("mtime"), info.get("ino"))
+    return None if stamp == (None, None, None) else (info.get("size"), *stamp)
 
 
 def byte_view(data: Any) -> memoryview:
@@ -114,16 +165,22 @@ def byte_view(data: Any) -> memoryview:
 
 class _Overlap:
     """Runs ``hash.update`` of one chunk on a helper thread while the caller moves the next.
-    Updates stay in order: each waits for the previous one before it starts."""
+    Updates stay in order: each waits for the previous one before it starts. A disabled one
+    hashes nothing (a read that trusts an earlier verification)."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self.sha256 = hashlib.sha256()
+        self.enabled = enabled
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
 
-    def update(self, chunk: memoryview) -> None:
+    def update(self, chunk: memoryview, overlap: bool = True) -> None:
+        """Hash ``chunk`` next; ``overlap`` off when nothing will happen before the next
+        ``wait`` (a hand-off to the helper thread would then only add its own cost)."""
         self.wait()
-        if len(chunk) < INLINE_HASH_BYTES:
+        if not self.enabled:
+            return
+        if not overlap or len(chunk) < INLINE_HASH_BYTES:
             self.sha256.update(chunk)
             return
         if self._pool is None:
@@ -172,19 +229,20 @@ class HashingWriter:
 
 class VerifiedReader:
     """Reads a stored file that must match its manifest entry; ``finish`` raises
-    ``CheckpointCorruptError`` (naming ``label``) when its size or checksum do not."""
+    ``CheckpointCorruptError`` (naming ``label``) when its size or checksum do not. With
+    ``check_sha256`` off only the size is checked (the caller verified the content already)."""
 
-    def __init__(self, handle: BinaryIO, label: str, expected: PartEntry) -> None:
+    def __init__(self, handle: BinaryIO, label: str, expected: PartEntry, check_sha256: bool = True) -> None:
         self.handle = handle
         self.label = label
         self.expected = expected
         self.size = 0
-        self._hash = _Overlap()
+        self._hash = _Overlap(enabled=check_sha256)
 
     def read_all(self) -> bytes:
         """The rest of the file (small files: one read, hashed after it)."""
         data = self.handle.read()
-        self._hash.update(memoryview(data))
+        self._hash.update(memoryview(data), overlap=False)
         self.size += len(data)
         return data
 
@@ -207,7 +265,7 @@ class VerifiedReader:
                             f"size {self.size} != {self.expected.size} in the manifest (ends early)"
                         )
                     got += num_read
-                self._hash.update(chunk)
+                self._hash.update(chunk, overlap=start + CHUNK_BYTES < len(target))
                 self.size += got
         finally:
             self._hash.wait()
@@ -223,7 +281,7 @@ class VerifiedReader:
         if rest or self.size != self.expected.size:
             raise self.corrupt(f"size {self.size + rest} != {self.expected.size} in the manifest")
         digest = self._hash.sha256.hexdigest()
-        if digest != self.expected.sha256:
+        if self._hash.enabled and digest != self.expected.sha256:
             raise self.corrupt(f"checksum sha256 {digest} != {self.expected.sha256} in the manifest")
 
     def corrupt(self, problem: str) -> CheckpointCorruptError:
