@@ -9,11 +9,15 @@ recipe) is two halves, both set up by ``rl-train serve``:
   ``HEARTBEAT_SECONDS`` (Prefect's floor, where its default is 180 s; the step sub-flows turn
   theirs off, see ``flows/step.py``, and need none: the run is the unit of retry);
 - a server-side automation with a *proactive* trigger: after a heartbeat of an ``rl-train``
-  run, if neither another heartbeat nor a final state arrives within ``SILENCE_SECONDS``, the
-  run is set to Crashed. The server's triggers service evaluates it every 5 s.
+  run started from a deployment, if neither another heartbeat nor a final state arrives
+  within ``SILENCE_SECONDS``, the run is set to Crashed. The server's triggers service
+  evaluates it every 5 s. Runs without a deployment (``rl-train train`` against the same
+  server) are left alone: they beat at Prefect's default period, which the silence would not
+  outlast, and a terminal that watches them reports their death anyway.
 
 ``SILENCE_SECONDS`` is two and a half heartbeats: one late or lost heartbeat does not crash a
-healthy run, and a killed run is marked Crashed 45 to 80 s after it died.
+healthy run, and a killed run is marked Crashed 45 to 80 s after it died (a user's longer
+heartbeat period stretches it to two and a half of theirs).
 ``RL_TRAIN_CRASH_AFTER_SECONDS`` replaces it when serve starts (the automation is the server's,
 so the last serve to start sets it for every rl-train run).
 """
@@ -51,11 +55,12 @@ def heartbeat_seconds() -> int:
 
 
 def silence_seconds() -> float:
-    """``RL_TRAIN_CRASH_AFTER_SECONDS`` or ``SILENCE_SECONDS``; Prefect refuses a proactive
-    trigger shorter than 10 s, and one shorter than the heartbeat period crashes healthy runs."""
+    """``RL_TRAIN_CRASH_AFTER_SECONDS``, else ``SILENCE_SECONDS`` (or two and a half heartbeats
+    of a longer period); Prefect refuses a proactive trigger shorter than 10 s, and one shorter
+    than the heartbeat period would crash healthy runs."""
     raw = os.environ.get(SILENCE_ENV)
     if not raw:
-        return SILENCE_SECONDS
+        return max(SILENCE_SECONDS, 2.5 * heartbeat_seconds())
     try:
         value = float(raw)
     except ValueError:
@@ -69,7 +74,9 @@ def silence_seconds() -> float:
 
 
 def crash_automation(flow_name: str = "rl-train", silence_seconds: float = SILENCE_SECONDS) -> AutomationCore:
-    """The automation: silence after a heartbeat of a ``flow_name`` run -> that run is Crashed."""
+    """The automation: silence after a heartbeat of a deployment run of ``flow_name`` -> that
+    run is Crashed. Heartbeats and state events both name the flow and the deployment among
+    their related resources, so the final states that end the wait match the same filter."""
     return AutomationCore(
         name=AUTOMATION_NAME,
         description=(
@@ -81,9 +88,10 @@ def crash_automation(flow_name: str = "rl-train", silence_seconds: float = SILEN
             after={"prefect.flow-run.heartbeat"},
             expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{s}" for s in FINAL_EVENTS)},
             match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
-            match_related=ResourceSpecification(
-                {"prefect.resource.role": "flow", "prefect.resource.name": flow_name}
-            ),
+            match_related=[  # all of them: a run of this flow, started from a deployment
+                ResourceSpecification({"prefect.resource.role": "flow", "prefect.resource.name": flow_name}),
+                ResourceSpecification({"prefect.resource.role": "deployment"}),
+            ],
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,

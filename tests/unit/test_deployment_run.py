@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from prefect.server.events.schemas.automations import EventTrigger as ServerEventTrigger
+from prefect.server.events.schemas.events import ReceivedEvent
 from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from rl_train.config import load_config
@@ -108,12 +111,43 @@ def test_serve_without_a_server_says_it_is_throwaway(
     assert str(tmp_path) in err
 
 
-def test_crash_automation_watches_rl_train_heartbeats() -> None:
-    trigger = crash_automation().trigger
-    assert trigger.posture == "Proactive" and trigger.after == {"prefect.flow-run.heartbeat"}
-    assert {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed"} <= trigger.expect
+def _event(name: str, flow: str, deployment: bool, tags: tuple[str, ...] = ()) -> ReceivedEvent:
+    """A flow-run event as the server receives it: related to its flow, its deployment (a
+    deployment run) and its tags, as Prefect's heartbeats and state events are."""
+    related = [{"prefect.resource.id": f"prefect.flow.{uuid.uuid4()}", "prefect.resource.role": "flow",
+                "prefect.resource.name": flow}]
+    if deployment:
+        related.append({"prefect.resource.id": f"prefect.deployment.{uuid.uuid4()}",
+                        "prefect.resource.role": "deployment", "prefect.resource.name": "sync"})
+    related += [{"prefect.resource.id": f"prefect.tag.{t}", "prefect.resource.role": "tag"} for t in tags]
+    return ReceivedEvent(
+        occurred=datetime.now(timezone.utc),
+        event=name,
+        resource={"prefect.resource.id": f"prefect.flow-run.{RUN_ID}", "prefect.resource.name": "brave-otter"},
+        related=related,
+        id=uuid.uuid4(),
+    )
+
+
+def test_crash_automation_watches_the_heartbeats_of_served_rl_train_runs_only() -> None:
+    automation = crash_automation()
+    trigger = ServerEventTrigger.model_validate(automation.trigger.model_dump())  # as the server reads it
+    assert trigger.posture == "Proactive" and trigger.starts_after("prefect.flow-run.heartbeat")
     assert trigger.within.total_seconds() == SILENCE_SECONDS and trigger.for_each == {"prefect.resource.id"}
-    assert trigger.match_related.get("prefect.resource.name") == ["rl-train"]
+    served = ("rl-train", True, ("rl-train", "sync"))
+    assert trigger.covers(_event("prefect.flow-run.heartbeat", *served))
+    for state in ("Completed", "Failed", "Cancelled", "Crashed"):  # a final state ends the wait
+        assert trigger.covers(_event(f"prefect.flow-run.{state}", *served)) and trigger.expects(
+            f"prefect.flow-run.{state}"
+        )
+    assert not trigger.expects("prefect.flow-run.Running")
+    # `rl-train train` against the same server: no deployment, Prefect's 180 s heartbeat; and
+    # other flows' runs: never watched.
+    assert not trigger.covers(_event("prefect.flow-run.heartbeat", "rl-train", False))
+    assert not trigger.covers(_event("prefect.flow-run.heartbeat", "global-step", True, ("rl-train",)))
+    assert not trigger.covers(_event("prefect.flow-run.heartbeat", "rl-eval", True))
+    action = automation.actions[0]
+    assert action.type == "change-flow-run-state" and action.state == "CRASHED"
 
 
 def test_served_runs_beat_every_30_s_unless_the_user_says_otherwise() -> None:
@@ -127,6 +161,8 @@ def test_served_runs_beat_every_30_s_unless_the_user_says_otherwise() -> None:
 def test_the_silence_must_outlast_a_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(SILENCE_ENV, raising=False)
     assert silence_seconds() == SILENCE_SECONDS
+    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 60}):
+        assert silence_seconds() == 150  # a user's longer period: two and a half of theirs
     monkeypatch.setenv(SILENCE_ENV, "40")
     assert silence_seconds() == 40.0
     for bad in ("30", "abc"):
