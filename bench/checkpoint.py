@@ -9,8 +9,11 @@ SHA-256 against the manifest); then writes the same bytes as one Arrow IPC file 
 fsspec, with no manifest and no checksum, and reads that back. Store and raw rounds
 alternate, so that drift on a busy machine favours neither; the best of ``--repeats`` rounds
 is reported, and the store/raw ratio of each (target: at least 0.7). ``verify`` is
-``latest_valid``'s pass over every checksum, reported on its own. Reads follow the writes,
-so on local disk both sides read from the page cache.
+``latest_valid``'s pass over every checksum, reported on its own; ``load`` is what a resume
+does, on a store instance of its own with an empty listing cache: ``latest_valid`` and then
+every read (which trusts that verification for large files), against the raw read. Reads
+follow the writes, so on local disk both sides read from the page cache. On S3 each row also
+gives the requests of one operation, store/raw: a small checkpoint costs requests, not bytes.
 
     python -m rl_train.bench.checkpoint                 # the demo state, local disk
     python -m rl_train.bench.checkpoint --mb 200 --s3   # 200 MB, local disk and S3
@@ -48,6 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from rl_train.bench.s3_requests import count_s3_requests
 from rl_train.storage.checkpoint import CheckpointStore
 
 TENSOR_BYTES = 4 << 20
@@ -128,6 +132,15 @@ def read_store(store: CheckpointStore, step: int) -> None:
     store.read_table(step, "queue/records.parquet")
 
 
+def load_store(root: str, options: dict[str, Any] | None) -> None:
+    """What a resume does with the store: find the newest valid checkpoint, then read it."""
+    store = CheckpointStore(root, storage_options=options)
+    store.fs.invalidate_cache()  # fsspec shares the instance: forget what the writer listed
+    step = store.latest_valid()
+    assert step is not None
+    read_store(store, step)
+
+
 def _raw_rows(state: BenchState) -> Iterator[tuple[str, Any]]:
     """(name, buffer) of every tensor's bytes and of the records' Parquet file: what the store writes."""
     optimizer = state.optimizer["state"]
@@ -167,14 +180,20 @@ def read_raw(fs: fsspec.AbstractFileSystem, path: str) -> None:
     pq.read_table(pa.BufferReader(records.as_buffer()))
 
 
+OPERATIONS = ("store_write", "store_read", "load", "verify", "raw_write", "raw_read")
+
+
 @dataclass
 class Rates:
     mb: float
     store_write: float
     store_read: float
+    load: float
     verify: float
     raw_write: float
     raw_read: float
+    requests: dict[str, int]
+    """S3 requests of each operation in the last round; empty on local disk."""
 
 
 def measure_throughput(root: str, options: dict[str, Any] | None, state: BenchState, repeats: int) -> Rates:
@@ -182,37 +201,49 @@ def measure_throughput(root: str, options: dict[str, Any] | None, state: BenchSt
     store = CheckpointStore(root, keep_last=2, storage_options=options)
     fs, base = fsspec.core.url_to_fs(root, **(options or {}))
     fs.makedirs(base, exist_ok=True)
+    on_s3 = fsspec.core.split_protocol(root)[0] == "s3"
     best: dict[str, float] = {}
+    requests: dict[str, int] = {}
     size = 0
 
     def timed(name: str, run: Callable[[], Any]) -> Any:
-        start = time.perf_counter()
-        result = run()
-        best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+        with count_s3_requests(fs) if on_s3 else contextlib.nullcontext(None) as counts:
+            start = time.perf_counter()
+            result = run()
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+        if counts is not None:
+            requests[name] = sum(counts.values())
         return result
 
     for step in range(1, repeats + 1):
         size = timed("store_write", lambda step=step: write_store(store, step, state))
         timed("store_read", lambda step=step: read_store(store, step))
+        timed("load", lambda: load_store(root, options))
         timed("verify", lambda step=step: store.verify(step))
         raw_path = f"{base}/raw-{step}.arrow"
         timed("raw_write", lambda path=raw_path: write_raw(fs, path, state))
         timed("raw_read", lambda path=raw_path: read_raw(fs, path))
         fs.rm(raw_path)
     mb = size / 1e6
-    return Rates(
-        mb, *(mb / best[name] for name in ("store_write", "store_read", "verify", "raw_write", "raw_read"))
-    )
+    return Rates(mb, *(mb / best[name] for name in OPERATIONS), requests=requests)
 
 
 def print_rates(where: str, rates: Rates) -> None:
-    print(
-        f"{where:<7}{'write':<8}{rates.store_write:>12.1f}{rates.raw_write:>10.1f}{rates.store_write / rates.raw_write:>11.2f}"
-    )
-    print(
-        f"{where:<7}{'read':<8}{rates.store_read:>12.1f}{rates.raw_read:>10.1f}{rates.store_read / rates.raw_read:>11.2f}"
-    )
-    print(f"{where:<7}{'verify':<8}{rates.verify:>12.1f}{'':>10}{'':>11}  (latest_valid: every checksum)")
+    def row(op: str, store: float, raw: float | None, note: str) -> None:
+        against = f"{raw:>10.1f}{store / raw:>11.2f}" if raw else " " * 21
+        print(f"{where:<7}{op:<8}{store:>12.1f}{against}  {note}".rstrip())
+
+    requests = rates.requests
+
+    def count(store_op: str, raw_op: str | None) -> str:
+        if not requests:
+            return ""
+        return f"{requests[store_op]}/{requests[raw_op]}" if raw_op else f"{requests[store_op]}"
+
+    row("write", rates.store_write, rates.raw_write, count("store_write", "raw_write"))
+    row("read", rates.store_read, rates.raw_read, count("store_read", "raw_read"))
+    row("load", rates.load, rates.raw_read, count("load", "raw_read"))
+    row("verify", rates.verify, None, count("verify", None))
 
 
 def _free_port() -> int:
@@ -265,7 +296,7 @@ def s3_location(endpoint: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def report_throughput(args: argparse.Namespace, state: BenchState) -> None:
     """The store/raw section: one table, a row pair per location."""
-    print(f"{'where':<7}{'op':<8}{'store MB/s':>12}{'raw MB/s':>10}{'store/raw':>11}")
+    print(f"{'where':<7}{'op':<8}{'store MB/s':>12}{'raw MB/s':>10}{'store/raw':>11}  S3 requests (store/raw)")
     with tempfile.TemporaryDirectory(prefix="rlt-ckpt-bench-", dir=args.local_dir) as folder:
         local = measure_throughput(f"{folder}/checkpoints", None, state, args.repeats)
     print_rates("local", local)
@@ -273,6 +304,7 @@ def report_throughput(args: argparse.Namespace, state: BenchState) -> None:
         with s3_location(args.s3_endpoint) as (root, options):
             print_rates("s3", measure_throughput(root, options, state, args.repeats))
     print(f"checkpoint of {local.mb:.1f} MB: {state.label}; best of {args.repeats} rounds")
+    print("load: latest_valid, then every read, on a fresh store; verify: latest_valid's checksums alone")
     print(
         f"sha256 alone on this machine now: {measure_sha256(state, args.repeats):.0f} MB/s (a write hashes "
         f"on a second core while it writes; where none is free, store ~ 1 / (1/raw + 1/sha256))"

@@ -54,8 +54,12 @@ def test_measure_throughput_runs_on_both(where: str, tmp_path: Path, request: py
     root, options = (str(tmp_path / "ckpt"), None) if where == "local" else request.getfixturevalue("s3_root")
     rates = measure_throughput(root, options, random_state(1), repeats=1)
     assert rates.mb > 1
-    assert min(rates.store_write, rates.store_read, rates.verify, rates.raw_write, rates.raw_read) > 0
+    assert min(rates.store_write, rates.store_read, rates.load, rates.verify, rates.raw_write, rates.raw_read) > 0
     assert CheckpointStore(root, storage_options=options).complete_steps() == [1]
+    if where == "s3":  # 4 parts, one "committed?" GET, one listing, the manifest; the raw file: one PUT
+        assert rates.requests["store_write"] == 7 and rates.requests["raw_write"] == 1
+    else:
+        assert rates.requests == {}
 
 
 def test_main_prints_store_and_raw_rates_locally_and_on_its_own_s3_server(
@@ -65,8 +69,11 @@ def test_main_prints_store_and_raw_rates_locally_and_on_its_own_s3_server(
     main(["--mb", "1", "--repeats", "1", "--s3"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     ops = [(row[0], row[1]) for row in rows if row and row[0] in ("local", "s3")]
-    assert ops == [(w, op) for w in ("local", "s3") for op in ("write", "read", "verify")]
+    assert ops == [(w, op) for w in ("local", "s3") for op in ("write", "read", "load", "verify")]
     for row in rows:
         if row and row[0] in ("local", "s3") and row[1] != "verify":
             store, raw, ratio = map(float, row[2:5])
             assert ratio == pytest.approx(store / raw, abs=0.01)
+            assert len(row) == (6 if row[0] == "s3" else 5)  # S3 rows: requests, store/raw
+    requests = {row[1]: row[-1] for row in rows if row and row[0] == "s3"}
+    assert requests["write"] == "7/1" and int(requests["verify"]) == 6  # manifest, listing, 4 files
