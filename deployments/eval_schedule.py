@@ -7,8 +7,10 @@ that schedule, and each run evaluates the run's newest complete checkpoint unles
 has (``rl_train.flows.evaluate``).
 
 At most one evaluation runs at a time: a scheduled run that comes while one is still running
-is cancelled rather than queued (its checkpoint is the next one's anyway), and serve gets one
-more concurrent slot for it, so an evaluation never delays a training run it serves.
+is cancelled rather than queued (its checkpoint is the next one's anyway). Serve allows one
+flow run beyond ``--limit`` for it, so that a run training at the limit is evaluated while it
+trains (Prefect's runner counts all its flow runs alike: while no evaluation runs, that slot
+can take a training run too).
 """
 
 from __future__ import annotations

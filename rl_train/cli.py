@@ -1,4 +1,4 @@
-"""``rl-train``: train, show the config, create the tiny policy and built-in data, serve deployments."""
+"""``rl-train``: train, evaluate, show the config, create the tiny policy and built-in data, serve deployments."""
 
 from __future__ import annotations
 
