@@ -291,7 +291,7 @@ class CheckpointStore:
             elif size != entry.size:
                 problems.append(f"{label}: size {size} != {entry.size} in the manifest")
             else:
-                digest = hash_stored_file(self.fs, self._path(step, relpath))
+                digest = hash_stored_file(self.fs, self._path(step, relpath), size)
                 if digest != entry.sha256:
                     problems.append(f"{label}: checksum sha256 {digest} != {entry.sha256} in the manifest")
         if not problems:

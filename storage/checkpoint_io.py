@@ -272,7 +272,7 @@ class VerifiedReader:
 
     def copy_to(self, write: Callable[[memoryview], object]) -> None:
         """Pass the rest of the file to ``write`` chunk by chunk."""
-        self.size += _pump(self.handle, self._hash, write)
+        self.size += _pump(self.handle, self._hash, write, self.expected.size - self.size)
 
     def finish(self) -> None:
         """Check that the file ends here and that its checksum is the manifest's."""
@@ -291,18 +291,27 @@ class VerifiedReader:
         self._hash.close()
 
 
-def _pump(handle: BinaryIO, overlap: _Overlap, write: Callable[[memoryview], object] | None) -> int:
+def _pump(
+    handle: BinaryIO, overlap: _Overlap, write: Callable[[memoryview], object] | None, expected_bytes: int
+) -> int:
     """Read ``handle`` to its end in chunks, hashing each while the next is read (two buffers
-    take turns) and passing it to ``write``; the number of bytes read."""
-    buffers = [bytearray(CHUNK_BYTES), bytearray(CHUNK_BYTES)]
+    take turns) and passing it to ``write``; the number of bytes read. The buffers are no
+    larger than the ``expected_bytes`` (the size the manifest or a listing gives): zeroing two
+    chunk-sized buffers per file cost more than reading a small file. A file longer than
+    expected is still read to its end, in chunks of that size."""
+    chunk_bytes = max(1, min(CHUNK_BYTES, expected_bytes))
+    buffers: list[bytearray] = []
     total, turn = 0, 0
     try:
         while True:
+            if turn == len(buffers):
+                buffers.append(bytearray(chunk_bytes))
             view = memoryview(buffers[turn])
             num_read = handle.readinto(view)
             if not num_read:
                 return total
-            overlap.update(view[:num_read])  # waits for the previous chunk: the other buffer
+            # Waits for the previous chunk (the other buffer); the expected last one is hashed here.
+            overlap.update(view[:num_read], overlap=total + num_read < expected_bytes)
             if write is not None:
                 write(view[:num_read])
             total += num_read
@@ -311,12 +320,12 @@ def _pump(handle: BinaryIO, overlap: _Overlap, write: Callable[[memoryview], obj
         overlap.wait()
 
 
-def hash_stored_file(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    """SHA-256 of a stored file, streamed."""
+def hash_stored_file(fs: fsspec.AbstractFileSystem, path: str, expected_bytes: int) -> str:
+    """SHA-256 of a stored file of about ``expected_bytes`` (see ``_pump``), streamed."""
     overlap = _Overlap()
     try:
         with fs.open(path, "rb") as handle:
-            _pump(handle, overlap, None)
+            _pump(handle, overlap, None, expected_bytes)
     finally:
         overlap.close()
     return overlap.sha256.hexdigest()

@@ -383,6 +383,16 @@ def test_download_dir_copies_a_prefix(make_store: StoreFactory, tmp_path: Path) 
         store.download_dir(1, "critic", tmp_path / "none")
 
 
+def test_a_file_grown_after_commit_is_read_to_its_end_and_refused(make_store: StoreFactory, tmp_path: Path) -> None:
+    """Reads buffer no more than the manifest's size; a longer file is still read to its end."""
+    store = make_store()
+    store.commit(1, [store.write_bytes(1, "policy/w.bin", b"abc" * 1000)], {})
+    store.fs.pipe_file(f"{store._path(1)}/policy/w.bin", b"abc" * 1000 + b"more" * 5000)
+    with pytest.raises(CheckpointCorruptError, match="policy/w.bin: size 23000 != 3000 in the manifest"):
+        store.download_dir(1, "policy", tmp_path / "dl")
+    assert store.verify(1) == [f"{store.step_uri(1)}/policy/w.bin: size 23000 != 3000 in the manifest"]
+
+
 def _write_part_in_child(pickled_store: bytes, out: Any) -> None:
     store = pickle.loads(pickled_store)
     out.put(store.write_tensors(4, "actor/rank-1/model.safetensors", {"w": torch.arange(10.0)}))
