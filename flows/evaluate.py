@@ -10,7 +10,7 @@ It never gets in the way of a training run writing the same checkpoints: it take
 reads only committed checkpoints (a step folder without a manifest is a write in progress and
 is never listed), and writes only under ``eval/``, which the store neither lists nor prunes.
 A checkpoint that turns out damaged, or that the run prunes while it is being copied, is
-skipped with a warning for the next older one (unless a step was asked for). A step already
+skipped with a warning for the newest other one, listed afresh (unless a step was asked for). A step already
 evaluated on a dataset with the same settings is not evaluated again, so a schedule may fire
 as often as it likes; ``force`` re-evaluates.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from rl_train.engines.reward.rules import route_reward_fn
 from rl_train.engines.rollout.evaluation import PolicyEvaluator
 from rl_train.flows.base import POLICY_DIR
 from rl_train.flows.eval_page import publish_eval
-from rl_train.flows.eval_target import EvalTarget, NoCheckpointError
+from rl_train.flows.eval_target import EvalTarget
 from rl_train.storage.checkpoint import CheckpointError, step_dir_name
 from rl_train.storage.dataset import load_prompts
 
@@ -75,8 +75,9 @@ def evaluate_run(
     target = EvalTarget.open(
         run_dir, root or str(Path.cwd()), extra_val_files, max_new_tokens, temperature, n
     )
-    problems = []
-    for k in target.candidate_steps(step):
+    failed: dict[int, str] = {}
+    while True:
+        k = target.next_step(step, failed)
         pending = target.pending(k, force)
         if not pending:
             print(
@@ -93,11 +94,10 @@ def evaluate_run(
                 if step is not None:
                     raise
                 logger.warning("skipping checkpoint %s: %s", target.store.step_uri(k), exc)
-                problems.append(str(exc))
+                failed[k] = str(exc)
                 continue
             scored = score_policy(target, k, policy, prompts)
         return record_results(target, k, scored)
-    raise NoCheckpointError(f"the run {target.run_dir} has no readable checkpoint: " + "; ".join(problems))
 
 
 def score_policy(
@@ -115,7 +115,7 @@ def score_policy(
             "reward_mean": sum(rewards) / len(rewards),
             "count": len(rewards),
             "num_prompts": len(rows),
-            "samples": [a.__dict__ for a in answers[:NUM_SAMPLES_KEPT]],
+            "samples": [asdict(a) for a in answers[:NUM_SAMPLES_KEPT]],
         }
         print(
             f"{target.run_name} step {step} {name}: reward {scored[name]['reward_mean']:.4f} over {len(rewards)} answers"
