@@ -118,17 +118,18 @@ class EvalTarget:
     def run_name(self) -> str:
         return self.run_dir.rstrip("/").rsplit("/", 1)[-1]
 
-    def candidate_steps(self, step: int | None) -> list[int]:
-        """The committed steps to try, newest first (only ``step`` when one is asked for)."""
+    def next_step(self, step: int | None, failed: dict[int, str]) -> int:
+        """``step`` if committed, else the newest committed step that has not ``failed`` (step ->
+        why); listed afresh on every call, so a checkpoint the run committed meanwhile counts."""
         complete = self.store.complete_steps()
-        if step is None and complete:
-            return complete[::-1]
-        if step is not None and step in complete:
-            return [step]
+        left = [s for s in complete if s not in failed and step in (None, s)]
+        if left:
+            return left[-1]
         of_step = "" if step is None else f" of step {step}"
+        why = "; ".join(failed.values()) or "a run saves one every checkpoint.every_steps steps"
         raise NoCheckpointError(
-            f"the run {self.run_dir} has no complete checkpoint{of_step} under the checkpoint root {self.store.root} "
-            f"(complete steps: {complete or 'none'}); a run saves one every checkpoint.every_steps steps"
+            f"the run {self.run_dir} has no complete checkpoint{of_step} under the checkpoint root "
+            f"{self.store.root} (complete steps: {complete or 'none'}): {why}"
         )
 
     def pending(self, step: int, force: bool) -> list[str]:
