@@ -10,9 +10,9 @@ It never gets in the way of a training run writing the same checkpoints: it take
 reads only committed checkpoints (a step folder without a manifest is a write in progress and
 is never listed), and writes only under ``eval/``, which the store neither lists nor prunes.
 A checkpoint that turns out damaged, or that the run prunes while it is being copied, is
-skipped with a warning for the newest other one, listed afresh (unless a step was asked for). A step already
-evaluated on a dataset with the same settings is not evaluated again, so a schedule may fire
-as often as it likes; ``force`` re-evaluates.
+skipped with a warning for the newest other one, listed afresh (unless a step was asked for).
+A step already evaluated on a dataset with the same settings is not evaluated again, so a
+schedule may fire as often as it likes; ``force`` re-evaluates.
 """
 
 from __future__ import annotations
