@@ -83,7 +83,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2
+"""1: the skeleton in ``<relpath>.json`` beside the tensor file (still read); 2: in its metadata."""
+STATE_METADATA_KEY = "rl_train.state"
 
 
 class CheckpointStore:
@@ -189,18 +191,12 @@ class CheckpointStore:
         return self._write(step, relpath, lambda writer: write_tensor_file(writer.write, tensors, metadata))
 
     def write_state(self, step: int, relpath: str, state: Any) -> list[PartEntry]:
-        """A nested state: its tensors to ``<relpath>.safetensors``, the rest to ``<relpath>.json``
-        (see ``state_pack`` for what round-trips and how)."""
+        """A nested state as one file, ``<relpath>.safetensors``: its tensors, and the rest as
+        strict JSON in the file's metadata (see ``state_pack`` for what round-trips and how).
+        One file, not a tensor file and a JSON file: on S3 each file is a request."""
         skeleton, tensors = pack_state(state)
-        name = relpath.rsplit("/", 1)[-1]
-        return [
-            self.write_tensors(step, f"{relpath}.safetensors", tensors),
-            self.write_json(
-                step,
-                f"{relpath}.json",
-                {"format": STATE_FORMAT, "tensors": f"{name}.safetensors", "state": skeleton},
-            ),
-        ]
+        document = json.dumps({"format": STATE_FORMAT, "state": skeleton}, allow_nan=False)
+        return [self.write_tensors(step, f"{relpath}.safetensors", tensors, {STATE_METADATA_KEY: document})]
 
     def commit(self, step: int, parts: list[PartEntry], meta: dict[str, Any]) -> None:
         """Write the manifest listing ``parts`` and ``meta``, then prune. The manifest appears
@@ -362,18 +358,24 @@ class CheckpointStore:
         return pq.read_table(pa.BufferReader(self.read_bytes(step, relpath)))
 
     def read_tensors(self, step: int, relpath: str) -> dict[str, torch.Tensor]:
+        return self._read_tensor_file(step, relpath)[0]
+
+    def _read_tensor_file(self, step: int, relpath: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         with self._open_verified(step, relpath) as reader:
             try:
-                tensors, _ = read_tensor_file(reader.read_exact, reader.readinto_exact, reader.expected.size)
+                return read_tensor_file(reader.read_exact, reader.readinto_exact, reader.expected.size)
             except TensorFileError as error:
                 raise reader.corrupt(str(error)) from None
-            return tensors
 
     def read_state(self, step: int, relpath: str) -> Any:
-        document = self.read_json(step, f"{relpath}.json")
-        if not isinstance(document, dict) or document.get("format") != STATE_FORMAT:
-            raise CheckpointCorruptError(f"{self.step_uri(step)}/{relpath}.json: not a state skeleton")
-        return unpack_state(document["state"], self.read_tensors(step, f"{relpath}.safetensors"))
+        tensors, metadata = self._read_tensor_file(step, f"{relpath}.safetensors")
+        if STATE_METADATA_KEY in metadata:
+            where, document = f"{relpath}.safetensors", json.loads(metadata[STATE_METADATA_KEY])
+        else:  # format 1
+            where, document = f"{relpath}.json", self.read_json(step, f"{relpath}.json")
+        if not isinstance(document, dict) or document.get("format") not in (1, STATE_FORMAT):
+            raise CheckpointCorruptError(f"{self.step_uri(step)}/{where}: not a state skeleton")
+        return unpack_state(document["state"], tensors)
 
     def download_dir(self, step: int, relprefix: str, dest: str | Path) -> Path:
         """Copy the committed files under ``relprefix`` (``policy/``) to the local folder ``dest``,

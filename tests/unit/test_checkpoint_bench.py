@@ -56,8 +56,8 @@ def test_measure_throughput_runs_on_both(where: str, tmp_path: Path, request: py
     assert rates.mb > 1
     assert min(rates.store_write, rates.store_read, rates.load, rates.verify, rates.raw_write, rates.raw_read) > 0
     assert CheckpointStore(root, storage_options=options).complete_steps() == [1]
-    if where == "s3":  # 4 parts, one "committed?" GET, one listing, the manifest; the raw file: one PUT
-        assert rates.requests["store_write"] == 7 and rates.requests["raw_write"] == 1
+    if where == "s3":  # 3 parts, one "committed?" GET, one listing, the manifest; the raw file: one PUT
+        assert rates.requests["store_write"] == 6 and rates.requests["raw_write"] == 1
     else:
         assert rates.requests == {}
 
@@ -76,4 +76,4 @@ def test_main_prints_store_and_raw_rates_locally_and_on_its_own_s3_server(
             assert ratio == pytest.approx(store / raw, abs=0.01)
             assert len(row) == (6 if row[0] == "s3" else 5)  # S3 rows: requests, store/raw
     requests = {row[1]: row[-1] for row in rows if row and row[0] == "s3"}
-    assert requests["write"] == "7/1" and int(requests["verify"]) == 6  # manifest, listing, 4 files
+    assert requests["write"] == "6/1" and int(requests["verify"]) == 5  # manifest, listing, 3 files

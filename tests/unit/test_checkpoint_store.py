@@ -158,7 +158,7 @@ def test_optimizer_state_round_trip_continues_bit_equal(make_store: StoreFactory
     store = make_store()
     model, optimizer = _adamw_after(2)
     parts = store.write_state(2, "actor/rank-0/optimizer", optimizer.state_dict())
-    assert [p.path for p in parts] == ["actor/rank-0/optimizer.safetensors", "actor/rank-0/optimizer.json"]
+    assert [p.path for p in parts] == ["actor/rank-0/optimizer.safetensors"]  # the skeleton in its metadata
     store.commit(2, parts, {})
 
     restored_model = copy.deepcopy(model)
@@ -198,6 +198,21 @@ def test_rng_states_restore_exactly(make_store: StoreFactory) -> None:
     np.testing.assert_array_equal(np.random.rand(3), expected[1])
     np.testing.assert_array_equal(fresh.random(3), expected[2])
     assert torch.equal(torch.rand(3), expected[3])
+
+
+def test_a_state_written_as_two_files_still_reads(make_store: StoreFactory) -> None:
+    """Format 1 kept the skeleton in ``<relpath>.json`` beside the tensor file."""
+    store = make_store()
+    state = {"step": 3, "moments": (torch.arange(4.0), float("inf"))}
+    skeleton = {"step": 3, "moments": {"__tuple__": [{"__tensor__": "t0"}, {"__float__": "inf"}]}}
+    parts = [
+        store.write_tensors(1, "rank-0/engine.safetensors", {"t0": torch.arange(4.0)}),
+        store.write_json(1, "rank-0/engine.json", {"format": 1, "tensors": "engine.safetensors", "state": skeleton}),
+    ]
+    store.commit(1, parts, {})
+    back = store.read_state(1, "rank-0/engine")
+    assert back["step"] == 3 and torch.equal(back["moments"][0], state["moments"][0])
+    assert back["moments"][1] == float("inf")
 
 
 def test_state_refuses_a_value_it_cannot_keep(tmp_path: Path) -> None:
