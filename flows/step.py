@@ -85,7 +85,7 @@ def run_global_step(trainer: BaseTrainer, step: int, direct: bool) -> dict[str, 
         if plan.critic:
             metrics.update(run(tasks.critic_update, run_id, batch_id))
         metrics.update(run(tasks.update, run_id, batch_id))
-        ctx.trained += ctx.pools.batch(batch_id)["groups"]
+        ctx.trained += ctx.pools.batch(batch_id, ["groups"])["groups"]
         ctx.replay_buffer.release(batch_id)
     metrics.update(trainer.on_step_end(step, run))
     metrics.update(run.timings)

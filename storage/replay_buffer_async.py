@@ -266,7 +266,7 @@ class ReplayBufferAsync(ReplayBufferBase):
     # -- after training ------------------------------------------------------------------
     def release(self, batch_id: str) -> None:
         """Forget a trained batch: its trajectories and prompts leave the queue."""
-        batch = call(self.tq, "get_batch", batch_id)
+        batch = call(self.tq, "get_batch", batch_id, ["groups"])
         call(self.tq, "delete", PARTITION, batch["groups"])
         call(self.tq, "drop_batch", batch_id)
         for group in batch["groups"]:

@@ -115,10 +115,13 @@ class TransferQueue:
     def put_batch(self, batch_id: str, partition: str, keys: list[str], **meta: Any) -> None:
         self._batches[batch_id] = {"partition": partition, "keys": list(keys), **meta}
 
-    def get_batch(self, batch_id: str) -> dict[str, Any]:
+    def get_batch(self, batch_id: str, fields: list[str] | None = None) -> dict[str, Any]:
+        """The batch's keys and metadata; only ``fields`` of it when given (what crosses to the
+        caller is then only what it reads)."""
         if batch_id not in self._batches:
             raise KeyError(f"unknown batch {batch_id!r}")
-        return dict(self._batches[batch_id])
+        batch = self._batches[batch_id]
+        return dict(batch) if fields is None else {name: batch[name] for name in fields}
 
     def update_batch(self, batch_id: str, **meta: Any) -> None:
         self.get_batch(batch_id)

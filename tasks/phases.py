@@ -45,7 +45,7 @@ def greedy_baseline(run_id: str, batch_id: str) -> dict[str, float]:
 def reward(run_id: str, batch_id: str) -> dict[str, float]:
     """(2) Score every trajectory of the batch on the reward pool."""
     pools = join_run(run_id).pools
-    scores = pools.score("train", pools.batch(batch_id)["keys"])
+    scores = pools.score("train", pools.batch(batch_id, ["keys"])["keys"])
     return {"reward/mean": sum(scores) / max(len(scores), 1), "reward/max": max(scores, default=0.0)}
 
 
@@ -90,7 +90,7 @@ def critic_update(run_id: str, batch_id: str) -> dict[str, float]:
     critic rank; the metrics (``critic/*``) are the mean over ranks."""
     run = join_run(run_id)
     mini = run.config.critic.ppo_mini_batch_size
-    num_groups = len(run.pools.batch(batch_id)["groups"])
+    num_groups = len(run.pools.batch(batch_id, ["groups"])["groups"])
     return run.pools.update_critic(batch_id, num_groups // mini if mini else 1)
 
 
@@ -100,7 +100,7 @@ def update(run_id: str, batch_id: str) -> dict[str, float]:
     the metrics are the mean over ranks."""
     run = join_run(run_id)
     mini = run.config.actor.ppo_mini_batch_size
-    num_groups = len(run.pools.batch(batch_id)["groups"])
+    num_groups = len(run.pools.batch(batch_id, ["groups"])["groups"])
     return run.pools.update(batch_id, num_groups // mini if mini else 1)
 
 

@@ -322,8 +322,9 @@ class WorkerPools:
         return list(self._each_rollout("pop_activity"))
 
     # -- phases that run on the pools --------------------------------------------------------
-    def batch(self, batch_id: str) -> dict[str, Any]:
-        return dict(ray.get(self.tq.get_batch.remote(batch_id)))
+    def batch(self, batch_id: str, fields: list[str] | None = None) -> dict[str, Any]:
+        """A batch's metadata (``keys``, ``groups``, ``shards``, ...): only ``fields`` if given."""
+        return dict(ray.get(self.tq.get_batch.remote(batch_id, fields)))
 
     def score(self, partition: str, keys: list[str]) -> list[float]:
         """Rewards of ``keys`` on the reward pool (written onto the records), in key order."""
@@ -336,7 +337,7 @@ class WorkerPools:
         return dict(ray.get(self.tq.balance_batch.remote(batch_id, len(self.trainers))))
 
     def compute_log_probs(self, batch_id: str, out_field: str, reference: bool) -> None:
-        shards = self.batch(batch_id)["shards"]
+        shards = self.batch(batch_id, ["shards"])["shards"]
         _wait(
             [
                 rank.compute_log_probs.remote("train", shard, out_field, reference)
@@ -368,7 +369,7 @@ class WorkerPools:
 
     def compute_values(self, batch_id: str) -> None:
         """Critic values (V_old) of the batch, spread over the critic ranks, written on the records."""
-        shards = _split(self.batch(batch_id)["keys"], len(self.critics))
+        shards = _split(self.batch(batch_id, ["keys"])["keys"], len(self.critics))
         _wait(
             [
                 rank.compute_values.remote("train", shard)
@@ -378,7 +379,7 @@ class WorkerPools:
 
     def update_critic(self, batch_id: str, num_mini_batches: int) -> dict[str, float]:
         """Critic update on every critic rank (the same number of steps each); metrics are the mean over ranks."""
-        shards = _split(self.batch(batch_id)["keys"], len(self.critics))
+        shards = _split(self.batch(batch_id, ["keys"])["keys"], len(self.critics))
         per_rank = _wait(
             [
                 rank.update.remote("train", shard, num_mini_batches)
@@ -389,7 +390,7 @@ class WorkerPools:
 
     def update(self, batch_id: str, num_mini_batches: int) -> dict[str, float]:
         """Actor update on every DP rank; metrics are the mean over ranks."""
-        shards = self.batch(batch_id)["shards"]
+        shards = self.batch(batch_id, ["shards"])["shards"]
         per_rank = _wait(
             [
                 rank.update.remote("train", shard, num_mini_batches)
