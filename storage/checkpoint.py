@@ -298,7 +298,7 @@ class CheckpointStore:
     def latest_valid(self) -> int | None:
         """The newest step whose checkpoint verifies; each newer one (torn or damaged) is
         skipped with a warning naming its folder and its problems. Reads of the step it returns
-        trust that verification (see ``_open_verified``)."""
+        trust that verification (see ``checkpoint_trust``)."""
         folders = list_step_folders(self.fs, self._root)
         for step in sorted(folders, reverse=True):
             problems = self._verify(step, folders[step])
