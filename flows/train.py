@@ -38,7 +38,12 @@ def run_training(config: Config, run_id: str | None = None) -> dict[str, Any]:
     return {"run_dir": trainer.run_dir, **summarize(history)}
 
 
-@flow(name="rl-train", validate_parameters=False, log_prints=True)
+# log_prints stays off: the trainer's stderr lines (the step lines, "resuming ... from checkpoint
+# ...") belong on stderr, the terminal of `rl-train train` or serve's output for a served run.
+# Prefect would turn them into INFO records of the run logger, which the WARNING level the
+# project sets for Prefect (rl_train.runtime) drops: they would reach neither. The run page
+# gets the step lines through a logger of its own (rl_train.flows.ui).
+@flow(name="rl-train", validate_parameters=False, log_prints=False)
 def train_flow(
     config: str | None = None,
     overrides: list[str] | None = None,

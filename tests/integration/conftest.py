@@ -1,4 +1,4 @@
-"""Integration fixtures: a small run config on disk."""
+"""Integration fixtures: a small run config on disk; a real Prefect server and a root to serve from."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+from serve_fixture import prefect_server, serve_root  # noqa: F401  (the served-run tests' fixtures)
 
 from rl_train.storage.builtin_data import write_builtin_task
 

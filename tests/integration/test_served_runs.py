@@ -5,31 +5,27 @@
   step sub-flows are ``<run>/step-N``, and its page holds the step lines, the progress, the
   latest metrics and the reward curve. A run whose config file is missing fails naming the
   absolute path it tried.
-- ``rl-train serve`` SIGKILLed with its run: the run reaches Crashed by itself.
+- ``rl-train serve`` SIGKILLed with its run: the run reaches Crashed by itself, and its retry
+  through Prefect's API, run by a new serve, continues at the step it was killed in. (A Failed
+  run's retry: ``test_served_retry.py``.)
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
@@ -40,129 +36,33 @@ from prefect.client.schemas.filters import (
     LogFilterFlowRunId,
 )
 from prefect.deployments import run_deployment
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from serve_fixture import (
+    assert_every_step_once,
+    kill_marked,
+    resume_lines,
+    retry_flow_run,
+    start_serve,
+    step_lines,
+    step_runs,
+    wait_for,
+    write_gate_sampler,
+)
 
 from rl_train.deployments.crash_detection import AUTOMATION_NAME, SILENCE_ENV, ensure_crash_automation
 from rl_train.flows.ui import artifact_key
-from rl_train.runtime import EPHEMERAL_SERVER
 
 pytestmark = pytest.mark.integration
 
-BIN = Path(sys.executable).parent
-MARKER = "RL_TRAIN_TEST_SERVE_MARKER"
-"""Set in serve's environment: every process it starts (the run, Ray's) inherits it, so the
-test can end exactly those processes, by id."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for(predicate: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen | None = None) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: process exited with {proc.returncode}")
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-
-
-def _processes_with(marker: str) -> list[int]:
-    """This user's processes whose environment holds ``marker``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue  # gone, or another user's
-    return pids
-
-
-def _kill_marked(marker: str) -> None:
-    for pid in _processes_with(marker):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def prefect_server(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """``prefect server start`` on a free port, SQLite in a temporary PREFECT_HOME, with its
-    triggers service on (the test process's throwaway-server defaults turn it off)."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in EPHEMERAL_SERVER}
-    env.update(
-        PREFECT_HOME=str(tmp_path / "prefect-home"),
-        PREFECT_UI_ENABLED="false",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-        PREFECT_LOGGING_LEVEL="WARNING",
-    )
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        health = f"http://127.0.0.1:{port}/api/health"
-        _wait_for(lambda: urllib.request.urlopen(health, timeout=2).status == 200, 180, "the server", server)
-        with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
-            yield env
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
-@pytest.fixture
-def serve_root(tmp_path: Path, tiny_model_dir: Path) -> Path:
-    """A directory to serve from, holding the policy and a run config with relative paths only
-    and no run.name."""
-    root = tmp_path / "root"
-    (root / "models").mkdir(parents=True)
-    (root / "models" / "tiny").symlink_to(tiny_model_dir)
-    config = {
-        "run": {"output_dir": "runs"},
-        "model": {"path": "models/tiny", "create_if_missing": False},
-        "data": {"builtin_task": "single_digit_sum", "data_dir": "data/sds"},
-        "trainer": {"total_steps": 2, "train_batch_size": 8, "val_every_steps": 2, "val_before_train": False},
-        "rollout": {"n": 4, "max_new_tokens": 4, "num_threads": 1},
-        "actor": {"num_threads": 1},
-    }
-    (root / "run.yaml").write_text(yaml.safe_dump(config))
-    return root
-
-
-def _start_serve(env: dict[str, str], root: Path, log: Path, marker: str, **extra_env: str) -> subprocess.Popen:
-    env = {**env, MARKER: marker, "RL_TRAIN_RAY_TMPDIR": f"/tmp/rlt-srv-{marker[:8]}", **extra_env}
-    env.pop("RL_TRAIN_ROOT", None)  # the root is the directory serve starts in
-    serve = subprocess.Popen(
-        [str(BIN / "rl-train"), "serve"], env=env, cwd=root, stdout=log.open("w"), stderr=subprocess.STDOUT
-    )
-    try:
-        with get_client(sync_client=True) as client:
-            _wait_for(lambda: client.read_deployment_by_name("rl-train/sync"), 180, "rl-train/sync", serve)
-    except (RuntimeError, TimeoutError) as exc:
-        serve.kill()
-        raise AssertionError(f"{exc}; serve's output:\n{log.read_text()[-4000:]}") from None
-    return serve
+CRASH_TOTAL_STEPS = 6
+GROUPS_PER_STEP = 8
+"""``trainer.train_batch_size`` of the serve root's config: prompt groups per step."""
 
 
 def test_served_run_page_paths_and_run_name(
     prefect_server: dict[str, str], serve_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     marker = uuid.uuid4().hex
-    serve = _start_serve(prefect_server, serve_root, tmp_path / "serve.log", marker, **{SILENCE_ENV: "40"})
+    serve = start_serve(prefect_server, serve_root, tmp_path / "serve.log", marker, **{SILENCE_ENV: "40"})
     monkeypatch.chdir(tmp_path)  # the runs are asked for from elsewhere
     try:
         run = run_deployment("rl-train/sync", parameters={"config": "run.yaml"}, timeout=600)
@@ -170,7 +70,7 @@ def test_served_run_page_paths_and_run_name(
     finally:
         serve.terminate()
         serve.wait(timeout=60)
-        _kill_marked(marker)
+        kill_marked(marker)
     assert run.state.is_completed(), f"{run.state}\n{(tmp_path / 'serve.log').read_text()[-4000:]}"
     assert missing.state.is_failed() and f"{serve_root}/absent.yaml" in missing.state.message
 
@@ -185,7 +85,7 @@ def test_served_run_page_paths_and_run_name(
             flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id]))
         )
         assert sorted(s.name for s in steps) == [f"{run_name}/step-1", f"{run_name}/step-2"]
-        logs = _wait_for(
+        logs = wait_for(
             lambda: [
                 log.message
                 for log in client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
@@ -227,44 +127,95 @@ def _table_rows(data: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_a_killed_served_run_reaches_crashed_by_itself(
+@pytest.mark.timeout(1200)  # two serves, two runs' start-up (Ray, pools) on a loaded machine
+def test_a_killed_served_run_reaches_crashed_by_itself_and_a_retry_continues_at_the_failed_step(
     prefect_server: dict[str, str], serve_root: Path, tmp_path: Path
 ) -> None:
-    """serve and its run are SIGKILLed, as when their machine dies: nobody is left to report,
-    and the server's automation marks the run Crashed once its heartbeats stop."""
-    marker = uuid.uuid4().hex
-    cfg = yaml.safe_load((serve_root / "run.yaml").read_text())
-    cfg["trainer"]["total_steps"] = 1000  # still running when it is killed
-    (serve_root / "run.yaml").write_text(yaml.safe_dump(cfg))
+    """serve and its run are SIGKILLed in step 4, as when their machine dies: nobody is left to
+    report, and the server's automation marks the run Crashed once its heartbeats stop. A new
+    serve then runs the retried flow run, which resumes from checkpoint 3: steps 4 to 6 once
+    each, and the files of the first try (config, checkpoints 1-3, rows 1-3) as they were."""
+    sampler, in_step_4 = write_gate_sampler(serve_root, step=4, hang=True)  # the first try hangs there
+    overrides = [
+        f"replay.sampler={sampler}",
+        "checkpoint.every_steps=1",
+        "checkpoint.keep_last=10",  # the first try's checkpoints stay, to be compared
+        f"trainer.total_steps={CRASH_TOTAL_STEPS}",
+    ]
     # The shortest silence Prefect's 30 s heartbeat floor allows, to keep the test short.
-    serve = _start_serve(prefect_server, serve_root, tmp_path / "serve.log", marker, **{SILENCE_ENV: "40"})
+    env = {SILENCE_ENV: "40", "PYTHONPATH": os.pathsep.join(filter(None, [str(serve_root), os.environ.get("PYTHONPATH")]))}
+    markers = [uuid.uuid4().hex, uuid.uuid4().hex]  # the first serve's processes, the second's
+    serves = [start_serve(prefect_server, serve_root, tmp_path / "serve.log", markers[0], **env)]
     try:
         with get_client(sync_client=True) as client:
             (automation,) = client.read_automations_by_name(AUTOMATION_NAME)
             assert automation.trigger.within.total_seconds() == 40
             assert ensure_crash_automation(40) == "unchanged"  # a second serve leaves it be
-            run = run_deployment("rl-train/sync", parameters={"config": "run.yaml"}, timeout=0)
-            _wait_for(lambda: client.read_flow_run(run.id).state.is_running(), 180, "the run to start", serve)
+            run = run_deployment("rl-train/sync", parameters={"config": "run.yaml", "overrides": overrides}, timeout=0)
+            run_dir = serve_root / "runs" / f"sync-{run.name}-{run.id.hex[:8]}"
+            wait_for(lambda: client.read_flow_run(run.id).state.is_running(), 180, "the run to start", serves[0])
             # Two heartbeats, 30 s apart (Prefect's default period, 180 s, would outlast the silence).
-            beats = _wait_for(
+            beats = wait_for(
                 lambda: (b := _heartbeats(prefect_server["PREFECT_API_URL"], run.id)) and len(b) >= 2 and b,
                 90,
                 "two heartbeats",
             )
             assert abs((beats[0] - beats[1]).total_seconds()) < 40, beats
-            os.kill(serve.pid, signal.SIGKILL)  # first the runner, which would report its child's death
-            _kill_marked(marker)
+            checkpoint_3 = run_dir / "checkpoints" / "step-00000003" / "manifest.json"
+            wait_for(lambda: in_step_4.exists() and checkpoint_3.exists(), 240, "step 4, checkpoint 3 committed", serves[0])
+            os.kill(serves[0].pid, signal.SIGKILL)  # first the runner, which would report its child's death
+            kill_marked(markers[0])
             killed = time.time()
-            state = _wait_for(
+            state = wait_for(
                 lambda: (s := client.read_flow_run(run.id).state).is_final() and s, 120, "a final state"
             )
+            crashed_after = time.time() - killed
+            assert state.is_crashed(), state
+            assert "no heartbeat" in state.message
+            first_try = _files(run_dir)
+            first_rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+            assert [json.loads(row)["step"] for row in first_rows] == [1, 2, 3]
+
+            serves.append(start_serve(prefect_server, serve_root, tmp_path / "serve-2.log", markers[1], **env))
+            retry_flow_run(client, run.id)
+            retried = time.time()
+            state = wait_for(
+                lambda: (s := client.read_flow_run(run.id).state).is_final() and s, 600, "the retry to end", serves[1]
+            )
+            lines = wait_for(
+                lambda: (ls := step_lines(client, run.id)) and len(ls) >= CRASH_TOTAL_STEPS and ls, 30, "the step lines"
+            )
+            steps = step_runs(client, run.id)
     finally:
-        serve.kill()
-        serve.wait(timeout=30)
-        _kill_marked(marker)
-    assert state.is_crashed(), state
-    assert "no heartbeat" in state.message
-    print(f"Crashed {time.time() - killed:.0f} s after the kill")
+        for serve, marker in zip(serves, markers, strict=False):
+            serve.kill()
+            serve.wait(timeout=30)
+            kill_marked(marker)
+    print(f"Crashed {crashed_after:.0f} s after the kill; the retry ended {time.time() - retried:.0f} s after it")
+    assert state.is_completed(), f"{state}\n{(tmp_path / 'serve-2.log').read_text()[-4000:]}"
+
+    assert sorted(p.name for p in (serve_root / "runs").iterdir()) == [run_dir.name]  # the same directory
+    assert_every_step_once(run_dir, CRASH_TOTAL_STEPS, GROUPS_PER_STEP)
+    (resumed,) = resume_lines(tmp_path / "serve-2.log")  # the retry's stderr, in serve's output
+    assert resumed.startswith(f"resuming {run_dir} from checkpoint {run_dir}/checkpoints/step-00000003: step 4 is next")
+    assert lines == [f"step    {k}/{CRASH_TOTAL_STEPS}" for k in range(1, CRASH_TOTAL_STEPS + 1)]  # its page
+    now = _files(run_dir)
+    assert {path: now.get(path) for path in first_try} == first_try  # nothing of the first try replaced
+    assert (run_dir / "metrics.jsonl").read_text().splitlines()[:3] == first_rows
+    assert [(s.name.rsplit("/", 1)[-1], s.state.type.value) for s in steps[:3]] == [
+        ("step-1", "COMPLETED"),
+        ("step-2", "COMPLETED"),
+        ("step-3", "COMPLETED"),
+    ]
+    # The killed try's step 4 (left as it was when its process died), then the retry's.
+    assert [s.name.rsplit("/", 1)[-1] for s in steps[3:]] == ["step-4", "step-4", "step-5", "step-6"]
+    assert all(s.state.is_completed() for s in steps[4:]), [s.state for s in steps]
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    """The run's config and every checkpoint's files, by path under ``run_dir``."""
+    paths = [run_dir / "config.yaml", *sorted((run_dir / "checkpoints").rglob("*"))]
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in paths if p.is_file()}
 
 
 def _heartbeats(api_url: str, flow_run_id: uuid.UUID) -> list[datetime]:
