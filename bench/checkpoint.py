@@ -351,11 +351,10 @@ def measure_resume(config: str, prefect: bool) -> None:
         create_tiny_policy(f"{tmp}/model", seed=0, pretrain_steps=60)
         write_builtin_task("single_digit_sum", f"{tmp}/data", seed=0)
         base = [
-            sys.executable, "-m", "rl_train.cli", "train", "--config", config,
+            sys.executable, "-m", "rl_train.cli", "train", *([] if prefect else ["--no-prefect"]), "--config", config,
             f"model.path={tmp}/model", "model.create_if_missing=false", f"data.data_dir={tmp}/data",
             f"run.output_dir={tmp}/runs", "run.name=resume", "checkpoint.every_steps=1",
             "trainer.val_before_train=false", "trainer.val_every_steps=0",
-            *([] if prefect else ["--no-prefect"]),
         ]  # fmt: skip
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
         fresh, _ = _seconds_to_step([*base, "trainer.total_steps=2"], 1, 2, env)
