@@ -88,16 +88,9 @@ def test_a_killed_run_leaves_no_process(report: CrashReport) -> None:
     assert report.survivors() == [], report.summary()
 
 
-SHM_LEAK = (
-    "separate_async's weight-sync sender (bucketed over shm) creates two rlw_* POSIX segments that "
-    "only its close() unlinks; a killed run never closes, so each killed launch leaves both in "
-    "/dev/shm (rollout.weight_sync.bucket_size_bytes each) and no later launch removes them"
-)
-
-
-def test_a_killed_run_leaves_no_shared_memory(report: CrashReport, request: pytest.FixtureRequest) -> None:
-    if report.settings.mode == "separate_async":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=SHM_LEAK))
+def test_a_killed_run_leaves_no_shared_memory(report: CrashReport) -> None:
+    """A killed launch cannot unlink its weight-sync segments (separate_async's shm buckets);
+    the next launch's sender removes those of dead senders, so none outlive the run."""
     assert report.shm_left == [], report.summary()
 
 

@@ -13,6 +13,7 @@ import os
 import socket
 import uuid
 from multiprocessing import shared_memory
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,11 +42,42 @@ def _release(segments: list[shared_memory.SharedMemory], views: list[torch.Tenso
     segments.clear()
 
 
+SEGMENT_PREFIX = "rlw_"
+SHM_DIR = Path("/dev/shm")
+
+
+def sweep_orphaned_segments(shm_dir: Path = SHM_DIR) -> list[str]:
+    """Unlink the segments of senders whose process is gone. A sender killed outright (a
+    run stopped with SIGKILL, a lost machine) never reaches ``close()``; its segments carry
+    its pid in their name (``rlw_<pid>_<id>_<i>``), so the next sender on the host removes
+    them. A pid that is alive again (reused) keeps its segments: never unlink a live one."""
+    removed = []
+    for path in shm_dir.glob(f"{SEGMENT_PREFIX}*_*_*") if shm_dir.is_dir() else []:
+        pid = path.name[len(SEGMENT_PREFIX) :].split("_", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class Sender:
     data_before_meta = True
 
     def __init__(self, bucket_size_bytes: int, host: str) -> None:
-        prefix = f"rlw_{uuid.uuid4().hex[:12]}"
+        sweep_orphaned_segments()
+        prefix = f"{SEGMENT_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}"
         self._segments = [
             shared_memory.SharedMemory(name=f"{prefix}_{i}", create=True, size=bucket_size_bytes)
             for i in range(2)
