@@ -217,7 +217,13 @@ class BaseTrainer(ABC):
         with step_settings():
             return self.global_step_flow(step)
 
-    @flow(name="global-step", flow_run_name=step_run_name, validate_parameters=False, log_prints=True)
+    @flow(
+        name="global-step",
+        flow_run_name=step_run_name,
+        validate_parameters=False,
+        log_prints=True,
+        persist_result=False,  # a retried run re-runs its steps: never a stored result of the first try
+    )
     def global_step_flow(self, step: int) -> dict[str, float]:
         return run_global_step(self, step, direct=False)
 
