@@ -16,23 +16,17 @@ once for this module; every test evaluates a copy of its run directory.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +44,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterStateType,
 )
 from prefect.client.schemas.objects import StateType
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from serve_fixture import kill_marked, wait_for
 
 from rl_train.config import Config
 from rl_train.deployments.eval_schedule import EVAL_DEPLOYMENT
@@ -59,7 +53,6 @@ from rl_train.flows.eval_target import NoCheckpointError
 from rl_train.flows.evaluate import evaluate_run
 from rl_train.flows.train import run_training
 from rl_train.flows.ui import artifact_key
-from rl_train.runtime import EPHEMERAL_SERVER
 from rl_train.storage.builtin_data import write_builtin_task
 from rl_train.storage.checkpoint import CheckpointCorruptError, CheckpointStore, step_dir_name
 from rl_train.storage.checkpoint_manifest import manifest_parts
@@ -299,64 +292,12 @@ MARKER = "RL_TRAIN_TEST_EVAL_SERVE_MARKER"
 ends exactly those, by id."""
 
 
-def _wait_for(
-    predicate: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen | None = None
-) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: the process exited with {proc.returncode}")
-        with contextlib.suppress(Exception):
-            if value := predicate():
-                return value
-        time.sleep(0.5)
-    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-
-
-def _kill_marked(marker: str) -> None:
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
-                os.kill(int(entry.name), signal.SIGKILL)
-
-
-@pytest.fixture
-def scheduling_server(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """``prefect server start`` on a free port with its scheduler on (the test process's
-    throwaway-server defaults turn it off), SQLite in a temporary PREFECT_HOME."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in EPHEMERAL_SERVER}
-    env.update(
-        PREFECT_HOME=str(tmp_path / "prefect-home"),
-        PREFECT_UI_ENABLED="false",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-        PREFECT_LOGGING_LEVEL="WARNING",
-    )
-    server = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=(tmp_path / "server.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        health = f"{env['PREFECT_API_URL']}/health"
-        _wait_for(lambda: urllib.request.urlopen(health, timeout=2).status == 200, 180, "the server", server)
-        with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
-            yield env
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
 @pytest.mark.slow
 def test_a_scheduled_run_evaluates_the_newest_checkpoint_and_publishes_it(
-    scheduling_server: dict[str, str], run_dir: Path, tmp_path: Path
+    prefect_server: dict[str, str], run_dir: Path, tmp_path: Path
 ) -> None:
     marker = uuid.uuid4().hex
-    env = {**scheduling_server, MARKER: marker, "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+    env = {**prefect_server, MARKER: marker, "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
     log = tmp_path / "serve.log"
     serve = subprocess.Popen(
         [str(BIN / "rl-train"), "serve", "--eval-run-dir", str(run_dir), "--eval-every", "3"],
@@ -368,7 +309,7 @@ def test_a_scheduled_run_evaluates_the_newest_checkpoint_and_publishes_it(
     started = time.time()
     try:
         with get_client(sync_client=True) as client:
-            deployment = _wait_for(
+            deployment = wait_for(
                 lambda: client.read_deployment_by_name(f"rl-eval/{EVAL_DEPLOYMENT}"),
                 180,
                 "the deployment",
@@ -377,7 +318,7 @@ def test_a_scheduled_run_evaluates_the_newest_checkpoint_and_publishes_it(
             completed = FlowRunFilter(
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED]))
             )
-            (run, *_) = _wait_for(
+            (run, *_) = wait_for(
                 lambda: client.read_flow_runs(
                     flow_run_filter=completed,
                     deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
@@ -392,7 +333,7 @@ def test_a_scheduled_run_evaluates_the_newest_checkpoint_and_publishes_it(
     finally:
         serve.terminate()
         serve.wait(timeout=60)
-        _kill_marked(marker)
+        kill_marked(marker)
     print(f"a scheduled evaluation completed {time.time() - started:.0f} s after serve started")
     assert run.auto_scheduled and run.name == f"{run_dir.name}/eval", (run, log.read_text()[-3000:])
     assert (deployment.schedules[0].schedule.interval.total_seconds(), deployment.parameters["run_dir"]) == (
