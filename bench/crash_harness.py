@@ -44,6 +44,21 @@ EXTRA_AIMED_KILLS = 6
 """Kills added, beyond the planned ones, while a window has not been hit yet."""
 
 
+MODE_OVERRIDES: dict[str, list[str]] = {
+    # async: nothing is evicted for staleness, so every drawn prompt must be trained
+    "colocate_async": ["replay.max_off_policy_threshold=100"],
+    # and two local updates per step, over small shared-memory buckets
+    "separate_async": [
+        "replay.max_off_policy_threshold=100",
+        "trainer.parameter_sync_step=2",
+        "rollout.weight_sync.bucket_size_bytes=65536",
+    ],
+}
+"""What each mode's crash run sets beyond the common overrides."""
+BITWISE_MODES = ("sync",)
+"""Modes whose run is deterministic: their final weights are compared with an uninterrupted run's."""
+
+
 @dataclass(frozen=True)
 class CrashInputs:
     """The tiny policy and a small train set, made once and shared by every mode."""
@@ -105,11 +120,7 @@ class CrashSettings:
             "actor.num_threads=1",
             "checkpoint.every_steps=1",
         ]
-        if self.mode != "sync":  # nothing is evicted for staleness: every drawn prompt must be trained
-            common.append("replay.max_off_policy_threshold=100")
-        if self.mode == "separate_async":  # two local updates per step; small shared-memory buckets
-            common += ["trainer.parameter_sync_step=2", "rollout.weight_sync.bucket_size_bytes=65536"]
-        return [*common, *self.extra_overrides]
+        return [*common, *MODE_OVERRIDES.get(self.mode, []), *self.extra_overrides]
 
 
 @dataclass
@@ -271,7 +282,7 @@ class CrashTest:
             {step: store.verify(step) for step in store.complete_steps()},
             time.monotonic() - started,
         )
-        if self.settings.mode == "sync":
+        if self.settings.mode in BITWISE_MODES:
             baseline_started = time.monotonic()
             straight_runner = self._runner(f"{name}-straight")
             straight = straight_runner.run(Life(0, None, 0), None)
