@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,12 +13,6 @@ import pytest
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
@@ -35,35 +27,6 @@ def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | Non
             pass
         time.sleep(0.5)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-
-
-@pytest.fixture
-def prefect_server(tmp_path: Path):
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
-        "PREFECT_UI_ENABLED": "false",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-    }
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        health = f"http://127.0.0.1:{port}/api/health"
-        _wait_for(
-            lambda: urllib.request.urlopen(health, timeout=2).status == 200, 180, "the Prefect server", server
-        )
-        yield env
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_deployment_run_trains(prefect_server: dict[str, str], small_run_yaml: Path, tmp_path: Path) -> None:
