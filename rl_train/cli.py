@@ -179,8 +179,12 @@ def _train(args: argparse.Namespace) -> int:
     except (FileNotFoundError, RunDirectoryExistsError) as exc:
         print(f"rl-train: {exc}", file=sys.stderr)
         return 2
+    use_prefect = not args.no_prefect and config.trainer.use_prefect
+    from rl_train.flows.startup import warm_start
+
+    warm_start(config.ray.address, config.ray.num_cpus, use_prefect)  # Ray, Prefect's API, imports at once
     try:
-        if args.no_prefect or not config.trainer.use_prefect:
+        if not use_prefect:
             from rl_train.flows.train import run_training
 
             config.trainer.use_prefect = False

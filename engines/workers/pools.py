@@ -22,6 +22,7 @@ import ray
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
 from rl_train.engines.workers.critic_worker import CriticWorker
 from rl_train.engines.workers.queue_worker import GREEDY_PARTITION, QueueWorker
+from rl_train.engines.workers.ray_start import ensure_ray
 from rl_train.engines.workers.reward_worker import RewardWorker
 from rl_train.engines.workers.rollout_worker import RolloutWorker
 from rl_train.engines.workers.trainer_worker import TrainerWorker
@@ -65,26 +66,6 @@ def is_transient(exc: BaseException) -> bool:
 
 def run_namespace(run_id: str) -> str:
     return f"rl-train/{run_id}"
-
-
-def ensure_ray(address: str | None, num_cpus: int | None) -> None:
-    """Start a local Ray (or join ``address``) once per process. Never attaches to "auto"."""
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # Ray starts workers at nice 15; the actors *are* the compute here, so without this the
-    # driver's bookkeeping (Prefect's API server among it) preempts the training itself.
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING"}
-    if address:
-        if address == "auto":
-            raise ValueError("ray.address 'auto' could attach to a foreign cluster; give an explicit address")
-        ray.init(address=address, **kwargs)
-        return
-    temp_dir = os.environ.get("RL_TRAIN_RAY_TMPDIR")
-    if temp_dir:
-        kwargs["_temp_dir"] = temp_dir
-    ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
 
 
 def _free_port() -> int:

@@ -27,6 +27,12 @@ class FlowSpy:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.warm_starts: list[bool] = []
+        """``use_prefect`` of each ``warm_start`` (Ray, Prefect's API, imports), which comes first."""
+
+    def warm_start(self, ray_address: str | None, ray_num_cpus: int | None, use_prefect: bool) -> None:
+        assert not self.calls, "the warm start comes before the run"
+        self.warm_starts.append(use_prefect)
 
     def run_training(self, config: Any, run_id: str | None = None) -> dict[str, Any]:
         self.calls.append("run_training")
@@ -44,6 +50,9 @@ def flow_spy(monkeypatch: pytest.MonkeyPatch) -> FlowSpy:
     module.run_training = spy.run_training  # type: ignore[attr-defined]
     module.train_flow = spy.train_flow  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "rl_train.flows.train", module)
+    startup = types.ModuleType("rl_train.flows.startup")
+    startup.warm_start = spy.warm_start  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rl_train.flows.startup", startup)
     return spy
 
 
@@ -87,7 +96,7 @@ def test_a_bad_parquet_row_stops_both_paths_before_a_flow(
     err = capsys.readouterr().err
     assert err.startswith(f"rl-train: bad dataset: {train}:row 3: column 'prompt' must be a non-empty string")
     assert "Traceback" not in err
-    assert flow_spy.calls == []
+    assert flow_spy.calls == [] and flow_spy.warm_starts == []  # nor Ray, nor Prefect's API
 
 
 def test_a_bad_val_row_is_caught_when_validation_runs(
@@ -158,6 +167,7 @@ def test_built_in_data_is_written_and_checked_before_the_flow(tmp_path: Path, fl
     assert main(["train", "--no-prefect", *overrides]) == 0
     assert (data_dir / "train.parquet").exists() and (data_dir / "val.parquet").exists()
     assert flow_spy.calls == ["run_training"]
+    assert flow_spy.warm_starts == [False]  # Ray and the imports, no Prefect API for a run without it
 
 
 def test_config_docs_describe_the_dataset_columns(capsys: pytest.CaptureFixture[str]) -> None:

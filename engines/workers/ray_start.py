@@ -1,0 +1,29 @@
+"""Starting Ray (or joining a cluster), kept free of torch and the workers' imports so that a
+process can start Ray first and import the heavy modules while Ray comes up."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+
+def ensure_ray(address: str | None, num_cpus: int | None) -> None:
+    """Start a local Ray (or join ``address``) once per process. Never attaches to "auto"."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray starts workers at nice 15; the actors *are* the compute here, so without this the
+    # driver's bookkeeping (Prefect's API server among it) preempts the training itself.
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING"}
+    if address:
+        if address == "auto":
+            raise ValueError("ray.address 'auto' could attach to a foreign cluster; give an explicit address")
+        ray.init(address=address, **kwargs)
+        return
+    temp_dir = os.environ.get("RL_TRAIN_RAY_TMPDIR")
+    if temp_dir:
+        kwargs["_temp_dir"] = temp_dir
+    ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)

@@ -1,0 +1,83 @@
+"""Start-up in parallel: Ray, Prefect's API and the heavy imports come up side by side.
+
+A run needs three slow things before its first step, and none of them waits on another:
+Ray (its head processes), Prefect's temporary API server when no ``PREFECT_API_URL`` is set
+(a subprocess that takes seconds to answer), and the imports of torch, transformers and the
+flow and worker modules (CPU in this process). Started one after the other they add up.
+
+``warm_start`` starts Ray in the calling (main) thread, which Ray requires for its signal
+handlers, while a helper thread starts Prefect's API (when the run uses Prefect and needs a
+temporary one) and then does the imports. Ray mostly waits on its own processes, and
+Prefect's server is a process of its own too, so the three overlap even on two cores. The
+helper is joined before returning, and an error it met is raised here.
+
+This module imports neither torch nor Prefect nor the workers: that is its point.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+HEAVY_MODULES = ("rl_train.flows.train", "rl_train.flows.registry")
+"""What a training run imports anyway: the trainer modes, the pools and every worker class."""
+
+
+@dataclass
+class StartupTimes:
+    """Seconds from ``warm_start``'s call until each part was ready (for the start-up bench)."""
+
+    ray: float = 0.0
+    prefect: float | None = None
+    imports: float = 0.0
+    total: float = 0.0
+
+
+def needs_temporary_prefect_api(use_prefect: bool) -> bool:
+    """Whether this process would start Prefect's throwaway API (no server configured)."""
+    if not use_prefect or os.environ.get("PREFECT_API_URL"):
+        return False
+    return os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "true").lower() not in ("0", "false", "no")
+
+
+def start_prefect_api() -> None:
+    """Start (or find running) the temporary API server Prefect gives a process without a
+    configured one; the flow run that follows then finds it up."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    SubprocessASGIServer().start()
+
+
+def warm_start(ray_address: str | None, ray_num_cpus: int | None, use_prefect: bool) -> StartupTimes:
+    """Bring up Ray, Prefect's API (if this run starts one) and the heavy imports together."""
+    started = time.perf_counter()
+    times = StartupTimes()
+    errors: list[BaseException] = []
+
+    def helper() -> None:
+        try:
+            if needs_temporary_prefect_api(use_prefect):
+                start_prefect_api()
+                times.prefect = time.perf_counter() - started
+            for name in HEAVY_MODULES:
+                importlib.import_module(name)
+            times.imports = time.perf_counter() - started
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=helper, name="rl-train-warm-start", daemon=True)
+    thread.start()
+    from rl_train.engines.workers.ray_start import ensure_ray
+
+    try:
+        ensure_ray(ray_address, ray_num_cpus)
+        times.ray = time.perf_counter() - started
+    finally:
+        thread.join()
+    if errors:
+        raise errors[0]
+    times.total = time.perf_counter() - started
+    return times

@@ -1,0 +1,56 @@
+"""The parallel start-up (flows/startup.py): light to import, errors of its helper thread
+raised in the caller, and a temporary Prefect API only when the run would start one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import rl_train.engines.workers.ray_start as ray_start
+from rl_train.flows import startup
+
+
+def test_importing_the_startup_module_imports_none_of_what_it_warms() -> None:
+    code = (
+        "import sys, rl_train.flows.startup; "
+        "print(sorted(m for m in ('torch', 'transformers', 'prefect', 'ray') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_an_error_of_the_helper_thread_is_raised_in_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[str | None] = []
+    monkeypatch.setattr(ray_start, "ensure_ray", lambda address, num_cpus: started.append(address))
+    monkeypatch.setattr(startup, "HEAVY_MODULES", ("rl_train.no_such_module",))
+    with pytest.raises(ModuleNotFoundError, match="rl_train.no_such_module"):
+        startup.warm_start("ray://head:10001", None, use_prefect=False)
+    assert started == ["ray://head:10001"]  # Ray was started in this thread all the same
+
+
+def test_warm_start_reports_when_each_part_was_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_start, "ensure_ray", lambda address, num_cpus: None)
+    monkeypatch.setattr(startup, "HEAVY_MODULES", ("json",))
+    times = startup.warm_start(None, None, use_prefect=False)
+    assert times.prefect is None and 0 <= times.ray <= times.total and 0 <= times.imports <= times.total
+
+
+@pytest.mark.parametrize(
+    ("use_prefect", "env", "expected"),
+    [
+        (False, {}, False),
+        (True, {}, True),
+        (True, {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}, False),  # a server of the user's
+        (True, {"PREFECT_SERVER_EPHEMERAL_ENABLED": "false"}, False),
+    ],
+)
+def test_a_temporary_prefect_api_only_when_the_run_would_start_one(
+    monkeypatch: pytest.MonkeyPatch, use_prefect: bool, env: dict[str, str], expected: bool
+) -> None:
+    for key in ("PREFECT_API_URL", "PREFECT_SERVER_EPHEMERAL_ENABLED"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert startup.needs_temporary_prefect_api(use_prefect) is expected
