@@ -44,8 +44,10 @@ VARIANTS = {
     "gspo": ["algorithm.adv_estimator=grpo", "actor.policy_loss=gspo"],
     # The estimators with their own phases: gae trains a critic (values, critic_update, with
     # the critic's defaults: see engines/training/critic_config.py), remax answers each prompt
-    # once greedily for its baseline (greedy_baseline).
-    "gae": ["algorithm.adv_estimator=gae", "actor.policy_loss=vanilla"],
+    # once greedily for its baseline (greedy_baseline). gae gets an entropy bonus: without it
+    # the policy turned deterministic (on wrong answers too) before the critic's baseline
+    # could teach it, and stalled below 0.9 (README, convergence figures).
+    "gae": ["algorithm.adv_estimator=gae", "actor.policy_loss=vanilla", "actor.entropy_coeff=0.01"],
     "remax": ["algorithm.adv_estimator=remax", "actor.policy_loss=vanilla"],
     # The trainer modes, with grpo + vanilla (and the async modes' default token-level IS).
     # separate_async does one mini-batch per local update (R-2.6); 4 local updates of 32
