@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from serve_fixture import prefect_server, serve_root  # noqa: F401  (the served-run tests' fixtures)
 
 from rl_train.storage.builtin_data import write_builtin_task
@@ -25,9 +24,3 @@ def small_run_config(tiny_model_dir: Path, tmp_path: Path) -> dict[str, Any]:
         "actor": {"num_threads": 1},
     }
 
-
-@pytest.fixture
-def small_run_yaml(small_run_config: dict[str, Any], tmp_path: Path) -> Path:
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(small_run_config))
-    return path

@@ -60,7 +60,9 @@ def _weights(run_dir: str) -> dict[str, Any]:
     return load_file(str(Path(run_dir, "policy", "model.safetensors")))
 
 
-def test_sync_resume_ends_bitwise_equal_to_an_unstopped_run(small_run_config: dict[str, Any], ray_local) -> None:
+def test_sync_resume_ends_bitwise_equal_to_an_unstopped_run_and_a_finished_run_is_not_run_again(
+    small_run_config: dict[str, Any], ray_local
+) -> None:
     straight = run_training(_config(small_run_config, "straight", total_steps=4))
     stopped = _config(small_run_config, "stopped", total_steps=4)
     with stop_at("sync", 4), pytest.raises(Stop):
@@ -79,6 +81,13 @@ def test_sync_resume_ends_bitwise_equal_to_an_unstopped_run(small_run_config: di
         m["reward/mean"] for m in read_metrics(straight["run_dir"])
     ]
 
+    # A finished run is not run again: the same command once more trains nothing.
+    again = run_training(_config(small_run_config, "straight", total_steps=4))
+    assert again["steps"] == 4
+    assert [m["step"] for m in read_metrics(again["run_dir"])] == [1, 2, 3, 4]
+    assert _weights(again["run_dir"]).keys() == a.keys()
+    assert all(_weights(again["run_dir"])[k].equal(a[k]) for k in a)
+
 
 def test_async_resume_trains_every_prompt_once(small_run_config: dict[str, Any], ray_local) -> None:
     config = _config(small_run_config, "async", total_steps=5, mode="colocate_async")
@@ -94,14 +103,6 @@ def test_async_resume_trains_every_prompt_once(small_run_config: dict[str, Any],
     indices = sorted(int(g[1:]) for g in counts)
     # the groups trained are the first ones drawn, bar those still in flight at the end
     assert indices[: len(indices) // 2] == list(range(len(indices) // 2))
-
-
-def test_a_finished_run_is_not_run_again(small_run_config: dict[str, Any], ray_local) -> None:
-    config = _config(small_run_config, "done", total_steps=2)
-    run_training(config)
-    again = run_training(config.model_copy(deep=True))
-    assert again["steps"] == 2
-    assert [m["step"] for m in read_metrics(again["run_dir"])] == [1, 2]
 
 
 def test_a_corrupt_newest_checkpoint_is_named_and_the_previous_one_is_used(

@@ -1,5 +1,7 @@
 """Served runs against a real local Prefect server, read back through Prefect's API.
 
+- ``prefect deployment run rl-train/colocate`` from the command line, with overrides of its
+  own: it trains, and the deployment still pins its mode.
 - A run of ``rl-train/sync`` started from another directory, with relative paths and no
   ``run.name``: its paths resolve under serve's root, it gets a run directory of its own, its
   step sub-flows are ``<run>/step-N``, and its page holds the step lines, the progress, the
@@ -17,6 +19,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -53,12 +57,14 @@ from rl_train.flows.ui import artifact_key
 
 pytestmark = pytest.mark.integration
 
+BIN = Path(sys.executable).parent
+
 CRASH_TOTAL_STEPS = 6
 GROUPS_PER_STEP = 8
 """``trainer.train_batch_size`` of the serve root's config: prompt groups per step."""
 
 
-def test_served_run_page_paths_and_run_name(
+def test_served_runs_from_the_api_and_the_command_line(
     prefect_server: dict[str, str], serve_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     marker = uuid.uuid4().hex
@@ -67,12 +73,33 @@ def test_served_run_page_paths_and_run_name(
     try:
         run = run_deployment("rl-train/sync", parameters={"config": "run.yaml"}, timeout=600)
         missing = run_deployment("rl-train/sync", parameters={"config": "absent.yaml"}, timeout=300)
+        cli = subprocess.run(
+            [
+                str(BIN / "prefect"),
+                "deployment",
+                "run",
+                "rl-train/colocate",
+                "-p",
+                "config=run.yaml",
+                "-p",  # a run's own overrides: the deployment still pins its mode
+                'overrides=["trainer.mode=sync", "trainer.total_steps=2"]',
+                "--watch",
+            ],
+            env=prefect_server,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     finally:
         serve.terminate()
         serve.wait(timeout=60)
         kill_marked(marker)
     assert run.state.is_completed(), f"{run.state}\n{(tmp_path / 'serve.log').read_text()[-4000:]}"
     assert missing.state.is_failed() and f"{serve_root}/absent.yaml" in missing.state.message
+    assert cli.returncode == 0 and "Completed" in cli.stdout + cli.stderr, cli.stdout + cli.stderr
+    (colocate_dir,) = (serve_root / "runs").glob("colocate_async-*")
+    assert len((colocate_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert "mode: colocate_async" in (colocate_dir / "config.yaml").read_text()
 
     run_name = f"sync-{run.name}-{run.id.hex[:8]}"  # no run.name: one directory per flow run
     run_dir = serve_root / "runs" / run_name
