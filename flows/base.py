@@ -13,7 +13,6 @@ from typing import Any
 from prefect import flow
 
 from rl_train.config import Config, ConfigError, config_to_yaml, mode_config_errors
-from rl_train.engines.model.tiny import create_tiny_policy
 from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
 from rl_train.flows.checkpointing import DriverState, RunCheckpointer, read_driver_state
 from rl_train.flows.context import RunContext
@@ -43,6 +42,8 @@ def prepare_inputs(config: Config) -> None:
                 f"model.path {config.model.path} does not exist (model.create_if_missing is off)"
             )
         print(f"creating the built-in tiny policy at {config.model.path} ...", file=sys.stderr)
+        from rl_train.engines.model.tiny import create_tiny_policy  # transformers' models: only when needed
+
         create_tiny_policy(
             config.model.path, seed=config.run.seed, pretrain_steps=config.model.pretrain_steps
         )

@@ -54,3 +54,14 @@ def test_a_temporary_prefect_api_only_when_the_run_would_start_one(
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert startup.needs_temporary_prefect_api(use_prefect) is expected
+
+
+def test_the_driver_does_not_import_transformers_models() -> None:
+    """The driver builds no model (its workers do): importing the flows must not pull in
+    transformers' modeling code, which costs about a second of start-up CPU per process."""
+    code = (
+        "import sys, rl_train.flows.train, rl_train.flows.registry; "
+        "print('transformers.modeling_utils' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
