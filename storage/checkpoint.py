@@ -7,7 +7,7 @@
 ``root`` is a local folder or ``s3://bucket/prefix``; the URI decides, and both go through the
 same code (``checkpoint_io``). Any process may write parts (a Ray worker writes its own shard
 straight to storage and hands back a small ``PartEntry``); one process commits, listing every
-part with its size and SHA-256. Readers only ever see committed steps, and ``latest_valid``
+part with its size and checksum. Readers only ever see committed steps, and ``latest_valid``
 checks the files against the manifest, so a step torn by a kill or damaged afterwards is
 skipped with a warning that names it and what is wrong, and the previous one is used.
 
@@ -287,9 +287,11 @@ class CheckpointStore:
             elif size != entry.size:
                 problems.append(f"{label}: size {size} != {entry.size} in the manifest")
             else:
-                digest = hash_stored_file(self.fs, self._path(step, relpath), size)
-                if digest != entry.sha256:
-                    problems.append(f"{label}: checksum sha256 {digest} != {entry.sha256} in the manifest")
+                digest = hash_stored_file(self.fs, self._path(step, relpath), size, entry.algorithm)
+                if digest != entry.checksum:
+                    problems.append(
+                        f"{label}: checksum {entry.algorithm} {digest} != {entry.checksum} in the manifest"
+                    )
         if not problems:
             self._manifests[step] = document
             self._verified.remember(step, {relpath: stored[relpath] for relpath in document["files"]})
@@ -325,13 +327,13 @@ class CheckpointStore:
         """A reader of a committed part; its size and (unless ``_still_verified``) its checksum
         are checked when the block ends."""
         entry, label = self._part(step, relpath)
-        check_sha256 = not self._still_verified(step, relpath, entry)
+        check_content = not self._still_verified(step, relpath, entry)
         try:
             handle = self.fs.open(self._path(step, relpath), "rb")
         except FileNotFoundError:
             raise CheckpointCorruptError(f"{label}: missing") from None
         with handle:
-            reader = VerifiedReader(handle, label, entry, check_sha256)
+            reader = VerifiedReader(handle, label, entry, check_content)
             try:
                 yield reader
                 reader.finish()
@@ -341,12 +343,12 @@ class CheckpointStore:
     def read_bytes(self, step: int, relpath: str) -> bytes:
         """The whole file in one request (a streamed read costs a HEAD first on S3), checked."""
         entry, label = self._part(step, relpath)
-        check_sha256 = not self._still_verified(step, relpath, entry)
+        check_content = not self._still_verified(step, relpath, entry)
         try:
             data = read_whole(self.fs, self._path(step, relpath))
         except FileNotFoundError:
             raise CheckpointCorruptError(f"{label}: missing") from None
-        with contextlib.closing(VerifiedReader(io.BytesIO(data), label, entry, check_sha256)) as reader:
+        with contextlib.closing(VerifiedReader(io.BytesIO(data), label, entry, check_content)) as reader:
             reader.read_all()
             reader.finish()
         return data

@@ -6,8 +6,9 @@
   is written, so it is written under a temporary name in the same folder and renamed with
   ``os.replace`` (a killed writer leaves a temporary file, never a half file under the name).
 - **Checksums are taken from the bytes as they go by**, never by reading a file back. Large
-  buffers are hashed on a helper thread while the same chunk is written or the next one read:
-  ``hashlib`` and file I/O both release the GIL, so the checksum costs little wall time.
+  buffers are checksummed on a helper thread while the same chunk is written or the next one
+  read: ``zlib.crc32`` (and ``hashlib``, for format-1 manifests) and file I/O all release the
+  GIL, so the checksum costs little wall time.
 - **On S3 a small checkpoint costs requests, not bytes**, so each operation here makes as few
   as it can: a whole small file is one GET (``read_whole``), and a folder is deleted with one
   bulk request per thousand files it is known to hold (``Publisher.delete_folders``).
@@ -20,6 +21,7 @@ import hashlib
 import os
 import shutil
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, Protocol
@@ -28,13 +30,13 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractBufferedFile
 
-from rl_train.storage.checkpoint_manifest import CheckpointCorruptError, PartEntry
+from rl_train.storage.checkpoint_manifest import CHECKSUM, CheckpointCorruptError, PartEntry
 
 CHUNK_BYTES = 8 << 20
 """Unit of streaming and of overlapped hashing: large enough that per-chunk costs vanish,
 small enough that a chunk in flight costs little memory."""
 INLINE_HASH_BYTES = 1 << 20
-"""Below this a chunk is hashed on the calling thread: a hand-off costs more than the hash."""
+"""Below this a chunk is checksummed on the calling thread: a hand-off costs more than that."""
 S3_PROTOCOLS = ("s3", "s3a")
 S3_EXTRA_HINT = "pip install 'rl-train[s3]'"
 
@@ -163,13 +165,36 @@ def byte_view(data: Any) -> memoryview:
     return memoryview(data).cast("B")
 
 
-class _Overlap:
-    """Runs ``hash.update`` of one chunk on a helper thread while the caller moves the next.
-    Updates stay in order: each waits for the previous one before it starts. A disabled one
-    hashes nothing (a read that trusts an earlier verification)."""
+class Crc32:
+    """CRC-32 (``zlib.crc32``) with hashlib's ``update`` / ``hexdigest`` interface."""
 
-    def __init__(self, enabled: bool = True) -> None:
-        self.sha256 = hashlib.sha256()
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: Any) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+def new_checksum(algorithm: str) -> Any:
+    """A fresh checksum of ``algorithm`` (``crc32``, or ``sha256`` for format-1 manifests)."""
+    if algorithm == "crc32":
+        return Crc32()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unknown checksum {algorithm!r} (known: crc32, sha256)")
+
+
+class _Overlap:
+    """Runs the checksum's ``update`` of one chunk on a helper thread while the caller moves the
+    next. Updates stay in order: each waits for the previous one before it starts. A disabled
+    one checksums nothing (a read that trusts an earlier verification)."""
+
+    def __init__(self, enabled: bool = True, algorithm: str = CHECKSUM) -> None:
+        self.algorithm = algorithm
+        self.digest = new_checksum(algorithm)
         self.enabled = enabled
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
@@ -181,11 +206,11 @@ class _Overlap:
         if not self.enabled:
             return
         if not overlap or len(chunk) < INLINE_HASH_BYTES:
-            self.sha256.update(chunk)
+            self.digest.update(chunk)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-hash")
-        self._pending = self._pool.submit(self.sha256.update, chunk)
+        self._pending = self._pool.submit(self.digest.update, chunk)
 
     def wait(self) -> None:
         if self._pending is not None:
@@ -224,20 +249,20 @@ class HashingWriter:
 
     def entry(self, relpath: str) -> PartEntry:
         self.close()
-        return PartEntry(path=relpath, size=self.size, sha256=self._hash.sha256.hexdigest())
+        return PartEntry(path=relpath, size=self.size, checksum=self._hash.digest.hexdigest(), algorithm=self._hash.algorithm)
 
 
 class VerifiedReader:
     """Reads a stored file that must match its manifest entry; ``finish`` raises
     ``CheckpointCorruptError`` (naming ``label``) when its size or checksum do not. With
-    ``check_sha256`` off only the size is checked (the caller verified the content already)."""
+    ``check_content`` off only the size is checked (the caller verified the content already)."""
 
-    def __init__(self, handle: BinaryIO, label: str, expected: PartEntry, check_sha256: bool = True) -> None:
+    def __init__(self, handle: BinaryIO, label: str, expected: PartEntry, check_content: bool = True) -> None:
         self.handle = handle
         self.label = label
         self.expected = expected
         self.size = 0
-        self._hash = _Overlap(enabled=check_sha256)
+        self._hash = _Overlap(enabled=check_content, algorithm=expected.algorithm)
 
     def read_all(self) -> bytes:
         """The rest of the file (small files: one read, hashed after it)."""
@@ -280,9 +305,11 @@ class VerifiedReader:
         rest = len(self.handle.read())
         if rest or self.size != self.expected.size:
             raise self.corrupt(f"size {self.size + rest} != {self.expected.size} in the manifest")
-        digest = self._hash.sha256.hexdigest()
-        if self._hash.enabled and digest != self.expected.sha256:
-            raise self.corrupt(f"checksum sha256 {digest} != {self.expected.sha256} in the manifest")
+        digest = self._hash.digest.hexdigest()
+        if self._hash.enabled and digest != self.expected.checksum:
+            raise self.corrupt(
+                f"checksum {self.expected.algorithm} {digest} != {self.expected.checksum} in the manifest"
+            )
 
     def corrupt(self, problem: str) -> CheckpointCorruptError:
         return CheckpointCorruptError(f"{self.label}: {problem}")
@@ -320,12 +347,14 @@ def _pump(
         overlap.wait()
 
 
-def hash_stored_file(fs: fsspec.AbstractFileSystem, path: str, expected_bytes: int) -> str:
-    """SHA-256 of a stored file of about ``expected_bytes`` (see ``_pump``), streamed."""
-    overlap = _Overlap()
+def hash_stored_file(
+    fs: fsspec.AbstractFileSystem, path: str, expected_bytes: int, algorithm: str = CHECKSUM
+) -> str:
+    """The ``algorithm`` checksum of a stored file of about ``expected_bytes`` (see ``_pump``), streamed."""
+    overlap = _Overlap(algorithm=algorithm)
     try:
         with fs.open(path, "rb") as handle:
             _pump(handle, overlap, None, expected_bytes)
     finally:
         overlap.close()
-    return overlap.sha256.hexdigest()
+    return overlap.digest.hexdigest()

@@ -8,11 +8,9 @@ call s3fs makes counted by its API name.
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -109,27 +107,30 @@ def test_a_fresh_store_refuses_to_write_into_a_step_another_committed(
             late.commit(1, [], {})
 
 
-class _CountingSha256:
-    """hashlib.sha256 that counts the bytes it is given (for checkpoint_io only)."""
+class _CountingChecksum:
+    """A checkpoint_io checksum that counts the bytes it is given."""
 
     hashed = 0
 
-    def __init__(self) -> None:
-        self._hash = hashlib.sha256()
+    def __init__(self, algorithm: str) -> None:
+        self._hash = _real_new_checksum(algorithm)
 
     def update(self, data: Any) -> None:
-        _CountingSha256.hashed += memoryview(data).nbytes
+        _CountingChecksum.hashed += memoryview(data).nbytes
         self._hash.update(data)
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
 
+_real_new_checksum = checkpoint_io.new_checksum
+
+
 @pytest.fixture
-def hashed_bytes(monkeypatch: pytest.MonkeyPatch) -> type[_CountingSha256]:
-    _CountingSha256.hashed = 0
-    monkeypatch.setattr(checkpoint_io, "hashlib", SimpleNamespace(sha256=_CountingSha256))
-    return _CountingSha256
+def hashed_bytes(monkeypatch: pytest.MonkeyPatch) -> type[_CountingChecksum]:
+    _CountingChecksum.hashed = 0
+    monkeypatch.setattr(checkpoint_io, "new_checksum", _CountingChecksum)
+    return _CountingChecksum
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -149,7 +150,7 @@ def _commit_two_files(root: str, options: dict[str, Any] | None) -> tuple[bytes,
 
 def test_reads_after_latest_valid_do_not_hash_again(
     store_root: tuple[str, dict[str, Any] | None],
-    hashed_bytes: type[_CountingSha256],
+    hashed_bytes: type[_CountingChecksum],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(checkpoint_trust, "TRUSTED_READ_MIN_BYTES", 0)
@@ -189,12 +190,12 @@ def test_a_file_changed_after_verification_is_hashed_again(
         data = bytearray(store.fs.cat_file(tensor_path))
         data[-1] ^= 0x40
         store.fs.pipe_file(tensor_path, bytes(data))
-        with pytest.raises(CheckpointCorruptError, match="w.safetensors: checksum sha256"):
+        with pytest.raises(CheckpointCorruptError, match="w.safetensors: checksum crc32"):
             store.read_tensors(1, "w.safetensors")
 
 
 def test_small_files_are_hashed_again_rather_than_checked(
-    s3_root: tuple[str, dict[str, Any]], hashed_bytes: type[_CountingSha256]
+    s3_root: tuple[str, dict[str, Any]], hashed_bytes: type[_CountingChecksum]
 ) -> None:
     """Below TRUSTED_READ_MIN_BYTES a HEAD costs more than the hash: a read hashes, no HEAD."""
     root, options = s3_root

@@ -7,12 +7,15 @@ moto's server. Damage is done through the store's own filesystem, so it reaches 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import logging
 import multiprocessing
 import pickle
 import random
 import sys
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -91,7 +94,8 @@ def test_bytes_json_table_round_trip(make_store: StoreFactory) -> None:
     assert store.read_table(3, "queue/records.parquet").equals(table)
     manifest = store.manifest(3)
     assert manifest["step"] == 3 and manifest["meta"] == {"note": "x"}
-    assert manifest["files"]["blob.bin"] == {"size": parts[0].size, "sha256": parts[0].sha256}
+    assert manifest["files"]["blob.bin"] == {"size": parts[0].size, "crc32": parts[0].checksum}
+    assert manifest["format"] == 2 and parts[0].checksum == f"{zlib.crc32(blob):08x}"
     assert store.complete_steps() == [3] and store.verify(3) == [] and store.latest_valid() == 3
 
 
@@ -260,7 +264,7 @@ def _flip_byte(store: CheckpointStore, path: str) -> str:
     data = bytearray(store.fs.cat_file(path))
     data[100] ^= 0x01
     store.fs.pipe_file(path, bytes(data))
-    return "checksum sha256"
+    return "checksum crc32"
 
 
 @pytest.mark.parametrize("damage", [_truncate, _delete, _flip_byte])
@@ -309,7 +313,7 @@ def test_damaged_tensor_file_is_caught_on_read(make_store: StoreFactory) -> None
     data = bytearray(store.fs.cat_file(path))
     data[-1] ^= 0x40
     store.fs.pipe_file(path, bytes(data))
-    with pytest.raises(CheckpointCorruptError, match="step-00000001/w.safetensors: checksum sha256"):
+    with pytest.raises(CheckpointCorruptError, match="step-00000001/w.safetensors: checksum crc32"):
         store.read_tensors(1, "w.safetensors")
 
 
@@ -367,8 +371,8 @@ def test_a_committed_step_is_immutable_and_a_torn_one_can_be_redone(make_store: 
 def test_commit_refuses_a_part_that_is_not_there(make_store: StoreFactory) -> None:
     store = make_store()
     entry = store.write_bytes(1, "x.bin", b"12345")
-    ghost = PartEntry(path="y.bin", size=3, sha256="0" * 64)
-    wrong = PartEntry(path="x.bin", size=9, sha256=entry.sha256)
+    ghost = PartEntry(path="y.bin", size=3, checksum="0" * 8)
+    wrong = PartEntry(path="x.bin", size=9, checksum=entry.checksum)
     with pytest.raises(CheckpointError, match=r"y.bin is missing; x.bin is 5 bytes, not 9"):
         store.commit(1, [ghost, wrong], {})
     assert store.complete_steps() == []
@@ -502,3 +506,23 @@ def test_a_damaged_tensor_header_is_refused_before_allocating(tmp_path: Path) ->
     store.commit(1, [entry], {})
     with pytest.raises(CheckpointCorruptError, match="step-00000001/w.safetensors: bad tensor header"):
         store.read_tensors(1, "w.safetensors")
+
+
+def test_a_format_1_manifest_with_sha256_still_reads_and_verifies(make_store: StoreFactory) -> None:
+    """Checkpoints written before the switch to CRC-32 list SHA-256 digests (format 1)."""
+    store = make_store()
+    blob = bytes(range(256)) * 64
+    entry = store.write_bytes(1, "blob.bin", blob)
+    store.commit(1, [entry], {})
+    manifest_path = f"{store._path(1)}/manifest.json"
+    document = json.loads(store.fs.cat_file(manifest_path))
+    document["format"] = 1
+    document["files"]["blob.bin"] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    store.fs.pipe_file(manifest_path, json.dumps(document).encode())
+    fresh = CheckpointStore(store.root, storage_options=store.storage_options)
+    assert fresh.verify(1) == [] and fresh.read_bytes(1, "blob.bin") == blob
+    document["files"]["blob.bin"]["sha256"] = "0" * 64
+    store.fs.pipe_file(manifest_path, json.dumps(document).encode())
+    fresh = CheckpointStore(store.root, storage_options=store.storage_options)
+    (problem,) = fresh.verify(1)
+    assert "blob.bin: checksum sha256" in problem
