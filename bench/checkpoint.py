@@ -10,8 +10,9 @@ fsspec, with no manifest and no checksum, and reads that back. Store and raw rou
 alternate, so that drift on a busy machine favours neither; the best of ``--repeats`` rounds
 is reported, and the store/raw ratio of each (target: at least 0.7). ``verify`` is
 ``latest_valid``'s pass over every checksum, reported on its own; ``load`` is what a resume
-does, on a store instance of its own with an empty listing cache: ``latest_valid`` and then
-every read (which trusts that verification for large files), against the raw read. Reads
+does, on a store instance of its own with an empty listing cache: the quick check
+(``latest_valid(content=False)``: manifest, presence and sizes from one listing) and then
+every read, each checking its checksum, against the raw read. Reads
 follow the writes, so on local disk both sides read from the page cache. On S3 each row also
 gives the requests of one operation, store/raw: a small checkpoint costs requests, not bytes.
 
@@ -134,10 +135,11 @@ def read_store(store: CheckpointStore, step: int) -> None:
 
 
 def load_store(root: str, options: dict[str, Any] | None) -> None:
-    """What a resume does with the store: find the newest valid checkpoint, then read it."""
+    """What a resume does with the store: find the newest complete checkpoint (no file read),
+    then read it, each read checking its file's checksum."""
     store = CheckpointStore(root, storage_options=options)
     store.fs.invalidate_cache()  # fsspec shares the instance: forget what the writer listed
-    step = store.latest_valid()
+    step = store.latest_valid(content=False)
     assert step is not None
     read_store(store, step)
 
@@ -305,7 +307,7 @@ def report_throughput(args: argparse.Namespace, state: BenchState) -> None:
         with s3_location(args.s3_endpoint) as (root, options):
             print_rates("s3", measure_throughput(root, options, state, args.repeats))
     print(f"checkpoint of {local.mb:.1f} MB: {state.label}; best of {args.repeats} rounds")
-    print("load: latest_valid, then every read, on a fresh store; verify: latest_valid's checksums alone")
+    print("load: the quick check, then every read, on a fresh store; verify: latest_valid's checksums alone")
     print(
         f"{CHECKSUM} alone on this machine now: {measure_checksum(state, args.repeats):.0f} MB/s (a write "
         f"checksums on a second core while it writes; where none is free, store ~ 1 / (1/raw + 1/{CHECKSUM}))"

@@ -13,14 +13,14 @@ from typing import Any
 from prefect import flow
 
 from rl_train.config import Config, ConfigError, config_to_yaml, mode_config_errors
-from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
+from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray, find_cause
 from rl_train.flows.checkpointing import DriverState, RunCheckpointer, read_driver_state
 from rl_train.flows.context import RunContext
-from rl_train.flows.resume import LEDGER_FILE, checkpoint_store, open_run_files, plan_run_start
+from rl_train.flows.resume import LEDGER_FILE, RunStart, checkpoint_store, open_run_files, plan_run_start
 from rl_train.flows.step import PhaseRunner, run_global_step, step_settings
 from rl_train.flows.ui import publish_run_end, publish_step, step_run_name
 from rl_train.storage.builtin_data import write_builtin_task
-from rl_train.storage.checkpoint import CheckpointError, CheckpointStore
+from rl_train.storage.checkpoint import CheckpointCorruptError, CheckpointError, CheckpointStore
 from rl_train.storage.dataset import PromptLoader, load_prompts
 from rl_train.storage.metrics import METRICS_FILE
 from rl_train.storage.replay_base import ReplayBufferBase
@@ -88,8 +88,8 @@ class BaseTrainer(ABC):
             load_prompts(self.config.data.resolved_val_files())  # fail now, not at the first validation
         start = plan_run_start(self.config, self.run_dir)
         store = checkpoint_store(self.config, self.run_dir)
-        files = open_run_files(self.config, self.run_dir, start, store)
-        self.metrics, self.ledger, self.history = files.metrics, files.ledger, files.history
+        if start.kind != "resume":  # claimed now; a resume claims its files once it has loaded
+            self._open_run_files(start, store)
         ensure_ray(self.config.ray.address, self.config.ray.num_cpus)
         pools = WorkerPools.create(self.run_id, self.config, self.worker_classes)
         try:
@@ -102,8 +102,9 @@ class BaseTrainer(ABC):
             buffer = self.build_replay_buffer(pools, loader, sampling)
             buffer.revive = self._revive_rollouts
             self._context = RunContext(self.run_id, self.config, pools, buffer)
-            if start.checkpoint_step:
-                self._restore(store, start.checkpoint_step)
+            if start.kind == "resume":
+                step = self._restore_newest(store, start.checkpoint_step) if start.checkpoint_step else 0
+                self._open_run_files(RunStart("resume", step), store)
             attach_run(RunHandle(self.run_id, self.config, pools))
             self.metrics.write_text("config.yaml", config_to_yaml(self.config))
             self.checkpointer = RunCheckpointer.for_run(self.config, store)
@@ -112,6 +113,27 @@ class BaseTrainer(ABC):
             detach_run(self.run_id)
             self._context = None
             raise
+
+    def _open_run_files(self, start: RunStart, store: CheckpointStore) -> None:
+        files = open_run_files(self.config, self.run_dir, start, store)
+        self.metrics, self.ledger, self.history = files.metrics, files.ledger, files.history
+
+    def _restore_newest(self, store: CheckpointStore, step: int) -> int:
+        """Restore checkpoint ``step`` or, when a file of it does not match its manifest (the
+        workers check each checksum as they load), the newest older one that loads; 0 when
+        none does (the run starts over). Returns the step restored. Each load replaces every
+        worker's state whole, so a load that failed half-way leaves nothing behind."""
+        while step:
+            try:
+                self._restore(store, step)
+                return step
+            except Exception as exc:
+                damage = find_cause(exc, CheckpointCorruptError)
+                if damage is None:
+                    raise
+                logger.warning("skipping checkpoint %s: %s", store.step_uri(step), damage)
+                step = store.latest_valid(content=False, below=step) or 0
+        return 0
 
     def _restore(self, store: CheckpointStore, step: int) -> None:
         """Load checkpoint ``step`` into the fresh pools and the driver (R-9.3)."""

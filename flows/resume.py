@@ -88,7 +88,9 @@ def plan_run_start(config: Config, run_dir: str) -> RunStart:
                 "it:\n  " + "\n  ".join(differences) + "\npick another run.name, or set "
                 "run.overwrite=true to replace the earlier run"
             )
-    return RunStart("resume", store.latest_valid() or 0)
+    # Present and of the right size: the workers check the checksums as they load it, and the
+    # trainer falls back to an older checkpoint when one does not match (BaseTrainer._restore_newest).
+    return RunStart("resume", store.latest_valid(content=False) or 0)
 
 
 @dataclass

@@ -267,9 +267,11 @@ class CheckpointStore:
         complete: the manifest parses, and every listed file has its size and checksum."""
         return self._verify(step, None)
 
-    def _verify(self, step: int, folder: StepFolder | None) -> list[str]:
+    def _verify(self, step: int, folder: StepFolder | None, content: bool = True) -> list[str]:
         """``verify``, from ``folder`` when a listing of the root already shows it. A pass
-        remembers each file's version, so that reads of it need not hash it again."""
+        remembers each file's version, so that reads of it need not hash it again. With
+        ``content`` off only the manifest, the files' presence and their sizes are checked
+        (from the listing, no file is read), and nothing is remembered: reads check the rest."""
         self._forget(step)
         if folder is not None and not folder.committed:
             return [str(self._torn(step))]
@@ -286,7 +288,7 @@ class CheckpointStore:
                 problems.append(f"{label}: missing")
             elif size != entry.size:
                 problems.append(f"{label}: size {size} != {entry.size} in the manifest")
-            else:
+            elif content:
                 digest = hash_stored_file(self.fs, self._path(step, relpath), size, entry.algorithm)
                 if digest != entry.checksum:
                     problems.append(
@@ -294,16 +296,24 @@ class CheckpointStore:
                     )
         if not problems:
             self._manifests[step] = document
-            self._verified.remember(step, {relpath: stored[relpath] for relpath in document["files"]})
+            if content:
+                self._verified.remember(step, {relpath: stored[relpath] for relpath in document["files"]})
         return problems
 
-    def latest_valid(self) -> int | None:
-        """The newest step whose checkpoint verifies; each newer one (torn or damaged) is
-        skipped with a warning naming its folder and its problems. Reads of the step it returns
-        trust that verification (see ``checkpoint_trust``)."""
+    def latest_valid(self, content: bool = True, below: int | None = None) -> int | None:
+        """The newest step (below ``below``, when given) whose checkpoint verifies; each newer
+        one (torn or damaged) is skipped with a warning naming its folder and its problems.
+        Reads of the step it returns trust that verification (see ``checkpoint_trust``).
+
+        ``content=False`` checks the manifest and each file's presence and size from one
+        listing, without reading the files: what a resume does, whose workers then check each
+        checksum as they read (one pass over the bytes instead of two) and fall back to an
+        older checkpoint when one does not match."""
         folders = list_step_folders(self.fs, self._root)
         for step in sorted(folders, reverse=True):
-            problems = self._verify(step, folders[step])
+            if below is not None and step >= below:
+                continue
+            problems = self._verify(step, folders[step], content)
             if not problems:
                 return step
             logger.warning("skipping checkpoint %s: %s", self.step_uri(step), "; ".join(problems))

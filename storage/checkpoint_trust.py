@@ -1,10 +1,12 @@
-"""What a store instance remembers of the files it verified, so that a resume hashes each once.
+"""What a store instance remembers of the files it verified, so that it hashes each once.
 
-A resume calls ``latest_valid``, which hashes every file of the checkpoint it picks, and then
-reads those files, each read checking its checksum as it goes: every byte hashed twice. A read
-may skip the hash when the file is the one that was verified, which needs no read of it: its
-version (size and ETag on S3, where a new upload gets a new ETag; size, mtime and inode on
-disk), as the verifying listing saw it, is compared with the file's version now.
+A reader that calls ``latest_valid`` (content checked, as the crash harness does) hashes
+every file of the checkpoint it picks, and then reads those files, each read checking its
+checksum as it goes: every byte hashed twice. (A resume skips the first pass:
+``latest_valid(content=False)`` reads no file, and its workers check each file as they load
+it.) A read may skip the hash when the file is the one that was verified, which needs no read
+of it: its version (size and ETag on S3, where a new upload gets a new ETag; size, mtime and
+inode on disk), as the verifying listing saw it, is compared with the file's version now.
 
 The trust is this instance's: the memory is not pickled with the store (``CheckpointStore``
 sends a copy off empty), and other processes, which read their own parts through their own

@@ -50,18 +50,24 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Whether an error may pass on a second try: a worker that died and is being restarted, a
-    timeout, a dropped connection, also when it surfaced inside another actor's task."""
+def find_cause(exc: BaseException, types: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
+    """``exc`` or the first error in its chain of causes that is one of ``types``, also when it
+    was raised inside an actor's task (a ``RayTaskError`` carries the remote exception)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, TRANSIENT_ERRORS):
-            return True
-        cause = getattr(current, "cause", None)  # a RayTaskError carries the remote exception
+        if isinstance(current, types):
+            return current
+        cause = getattr(current, "cause", None)
         current = cause if isinstance(cause, BaseException) else current.__cause__
-    return False
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an error may pass on a second try: a worker that died and is being restarted, a
+    timeout, a dropped connection, also when it surfaced inside another actor's task."""
+    return find_cause(exc, TRANSIENT_ERRORS) is not None
 
 
 def run_namespace(run_id: str) -> str:

@@ -115,7 +115,9 @@ def test_a_corrupt_newest_checkpoint_is_named_and_the_previous_one_is_used(
     run_dir = f"{config.run.output_dir}/corrupt"
     store = CheckpointStore(f"{run_dir}/checkpoints")
     assert store.complete_steps() == [1, 2]
-    victim = next(Path(store.step_uri(2)).rglob("*.safetensors"))
+    # The trainer's engine state, which a resume loads and checks as it reads (the quick check
+    # before it finds the file present and of its size).
+    victim = Path(store.step_uri(2), "actor", "rank-0", "engine.safetensors")
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
     victim.write_bytes(bytes(data))

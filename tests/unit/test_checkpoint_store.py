@@ -288,6 +288,28 @@ def test_damaged_file_is_named_and_the_previous_step_used(
     assert store.read_bytes(1, "blob.bin") == bytes(range(256)) * 8
 
 
+@pytest.mark.parametrize("damage", [_truncate, _delete, _flip_byte])
+def test_the_quick_check_reads_no_file_and_leaves_the_checksums_to_the_reads(
+    make_store: StoreFactory, damage: Callable[[CheckpointStore, str], str]
+) -> None:
+    """``latest_valid(content=False)``, a resume's plan: a missing or cut file is caught from the
+    listing; a flipped byte only by the read that meets it, which names it, and nothing the
+    quick check did makes that read trust the file."""
+    store = make_store()
+    _commit_small(store, 1)
+    _commit_small(store, 2)
+    fault = damage(store, f"{store._path(2)}/blob.bin")
+    fresh = CheckpointStore(store.root, storage_options=store.storage_options)
+    newest = fresh.latest_valid(content=False)
+    if fault.startswith("checksum"):
+        assert newest == 2
+        with pytest.raises(CheckpointCorruptError, match=f"step-00000002/blob.bin: {fault}"):
+            fresh.read_bytes(2, "blob.bin")
+    else:
+        assert newest == 1
+    assert fresh.latest_valid(content=False, below=2) == 1 and fresh.latest_valid(below=1) is None
+
+
 def test_garbled_manifest_is_named(make_store: StoreFactory, caplog: pytest.LogCaptureFixture) -> None:
     store = make_store()
     _commit_small(store, 1)
