@@ -10,18 +10,23 @@ ReMax's greedy baseline stages its prompts here too: the batch's prompts are cop
 the ``greedy`` partition, the rollout pool answers each once, greedily, the reward pool scores
 the answers there, and each trajectory of the batch receives its prompt's score as
 ``baseline_reward``. The greedy answers are then deleted: they are never part of a batch.
+
+Every process that is handed this actor's handle (each rollout, trainer and reward worker)
+imports this module, since Ray rebuilds a handle from its class. The modules that need torch
+or pyarrow (the advantage phase, the checkpoint store, the table codec) are therefore imported
+where they are used, in this actor only: at module level they cost every worker about a
+second of start-up CPU.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rl_train.algorithms.advantage_phase import AdvantagePhase, bypass_old_log_probs
 from rl_train.algorithms.balance import partition_by_tokens
-from rl_train.algorithms.config import AlgorithmConfig
-from rl_train.storage.checkpoint import CheckpointStore, PartEntry
-from rl_train.storage.tq_table import records_to_table, requeue_in_flight, table_to_records
 from rl_train.storage.transfer_queue import PARTITIONS, TransferQueue
+
+if TYPE_CHECKING:
+    from rl_train.storage.checkpoint_manifest import PartEntry
 
 CHECKPOINT_PARTITIONS = ("train",)
 """What a checkpoint keeps: validation and greedy records live within one phase."""
@@ -32,6 +37,9 @@ GREEDY_PARTITION = "greedy"
 class QueueWorker(TransferQueue):
     def __init__(self, run_config: dict[str, Any]) -> None:
         super().__init__((*PARTITIONS, GREEDY_PARTITION))
+        from rl_train.algorithms.advantage_phase import AdvantagePhase
+        from rl_train.algorithms.config import AlgorithmConfig
+
         self._run_config = run_config
         self._advantage = AdvantagePhase.from_config(AlgorithmConfig.model_validate(run_config["algorithm"]))
         self._handover = False
@@ -51,6 +59,9 @@ class QueueWorker(TransferQueue):
         """The train partition (every record's fields and tags, prompts in flight included) as
         one Parquet table, and the advantage phase's state. Taken in one actor call, so no
         rollout write lands half-way through it."""
+        from rl_train.storage.checkpoint import CheckpointStore
+        from rl_train.storage.tq_table import records_to_table
+
         store = CheckpointStore(root, storage_options=storage_options)
         table = records_to_table(self.export_records(CHECKPOINT_PARTITIONS))
         return [
@@ -63,6 +74,9 @@ class QueueWorker(TransferQueue):
     ) -> list[str]:
         """Restore the saved records; the prompts that were in flight go back to pending without
         their partial trajectories (``requeue_in_flight``). Returns those prompt keys."""
+        from rl_train.storage.checkpoint import CheckpointStore
+        from rl_train.storage.tq_table import requeue_in_flight, table_to_records
+
         store = CheckpointStore(root, storage_options=storage_options)
         rows, requeued = requeue_in_flight(table_to_records(store.read_table(step, "queue/records.parquet")), version)
         self.import_records(rows)
@@ -87,6 +101,8 @@ class QueueWorker(TransferQueue):
 
     def copy_rollout_log_probs(self, batch_id: str) -> None:
         """(4, bypass_mode, R-7.1) old_log_probs := the rollout engine's log-probs."""
+        from rl_train.algorithms.advantage_phase import bypass_old_log_probs
+
         batch = self.get_batch(batch_id)
         keys, partition = batch["keys"], batch["partition"]
         values = bypass_old_log_probs(self.get(partition, keys))

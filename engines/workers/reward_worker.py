@@ -6,14 +6,14 @@ from typing import Any
 
 import ray
 
-from rl_train.engines.model.tokenizer import load_tokenizer
+from rl_train.engines.model.response_decoder import load_response_decoder
 from rl_train.engines.reward.rules import route_reward_fn
 
 
 class RewardWorker:
     def __init__(self, model_path: str, tq: Any) -> None:
-        self.tokenizer = load_tokenizer(model_path)
-        self.eos_token_id = self.tokenizer.eos_token_id
+        self.decoder = load_response_decoder(model_path)  # transformers only where needed
+        self.eos_token_id = self.decoder.eos_token_id
         self.tq = tq
 
     def response_text(self, record: dict[str, Any]) -> str:
@@ -26,7 +26,7 @@ class RewardWorker:
                 break
             if graded:
                 kept.append(token)
-        return self.tokenizer.decode(kept, skip_special_tokens=True)
+        return self.decoder.decode(kept)
 
     def score(self, partition: str, keys: list[str]) -> list[float]:
         """Write ``reward`` on each trajectory; returns the scores in key order."""
