@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs into .venv and run it (the README's test command).
 # On a fresh machine this is all the set-up there is: CPU torch from its pinned wheel, the test
-# tools, the CPU build of Mooncake (and, as root, the libibverbs1 system library it loads).
+# tools, megatron-core (its CPU tests), the CPU build of Mooncake (and, as root, the
+# libibverbs1 system library it loads).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +17,7 @@ fi
 # a venv left half-made by an interrupted run (no pip in it) is made again
 .venv/bin/python -m pip --version >/dev/null 2>&1 || python3 -m venv --clear .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[cpu,test,mooncake-cpu]'
+.venv/bin/python -m pip install -q -e '.[cpu,test,mooncake-cpu,megatron]'
 
 export RAY_AUTH_MODE=disabled
 status=0

@@ -1,0 +1,203 @@
+"""The policy's HF checkpoint as a megatron-core ``GPTModel``, and back.
+
+Supported: decoder-only models with RMSNorm, a SwiGLU MLP, rotary embeddings and grouped-query
+attention (HF ``qwen2`` and ``llama``; Qwen2 adds a bias to q, k and v). Anything else is
+refused by name, with what is supported.
+
+Layouts (megatron-core's local layer spec, no Transformer Engine):
+
+- **QKV.** megatron fuses q, k and v in one ``linear_qkv`` whose rows go by query group: for
+  each of the ``num_key_value_heads`` groups, that group's query heads, then its key head,
+  then its value head. HF keeps three projections. The bias follows the weight.
+- **MLP.** ``linear_fc1`` is ``[gate; up]`` (megatron's gated linear unit applies the
+  activation to the first half), ``linear_fc2`` is ``down``.
+- **Norms and embeddings** map one to one; with tied embeddings there is no output layer.
+
+The conversion works on whole (unsharded) tensors: a tensor-parallel engine shards after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+QKV_BIAS = {"qwen2": True}
+"""Model types whose q, k and v projections carry a bias by design (llama: ``attention_bias``)."""
+
+
+class UnsupportedModelError(ValueError):
+    """The HF model's architecture is not one this bridge converts."""
+
+
+def _get(hf_config: Any, key: str, default: Any = None) -> Any:
+    if isinstance(hf_config, dict):
+        return hf_config.get(key, default)
+    return getattr(hf_config, key, default)
+
+
+def rope_theta(hf_config: Any) -> float:
+    """The rotary base: ``rope_parameters.rope_theta`` (transformers 5) or ``rope_theta``."""
+    parameters = _get(hf_config, "rope_parameters") or {}
+    if isinstance(parameters, dict) and parameters.get("rope_type", "default") != "default":
+        raise UnsupportedModelError(f"rope_type {parameters['rope_type']!r} (supported: default)")
+    theta = parameters.get("rope_theta") if isinstance(parameters, dict) else None
+    return float(theta if theta is not None else _get(hf_config, "rope_theta", 10000.0))
+
+
+def check_supported(hf_config: Any) -> str:
+    """The model type, or ``UnsupportedModelError`` naming what is not supported."""
+    model_type = _get(hf_config, "model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not supported by the megatron engine (supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if _get(hf_config, "hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"hidden_act {_get(hf_config, 'hidden_act')!r} (supported: silu)")
+    if _get(hf_config, "use_sliding_window", False):
+        raise UnsupportedModelError("use_sliding_window true (sliding-window attention is not supported)")
+    rope_theta(hf_config)
+    return str(model_type)
+
+
+def head_dim(hf_config: Any) -> int:
+    explicit = _get(hf_config, "head_dim")
+    return int(explicit or _get(hf_config, "hidden_size") // _get(hf_config, "num_attention_heads"))
+
+
+def qkv_bias(hf_config: Any) -> bool:
+    return bool(QKV_BIAS.get(_get(hf_config, "model_type"), _get(hf_config, "attention_bias", False)))
+
+
+def transformer_config(hf_config: Any, params_dtype: torch.dtype = torch.float32, **parallel: Any) -> Any:
+    """megatron-core's ``TransformerConfig`` for the HF model; ``parallel`` sets the parallel
+    sizes (``tensor_model_parallel_size``, ``pipeline_model_parallel_size``...). Fusions are
+    off: they need CUDA kernels, and the engine turns on what the device supports."""
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    check_supported(hf_config)
+    return TransformerConfig(
+        num_layers=int(_get(hf_config, "num_hidden_layers")),
+        hidden_size=int(_get(hf_config, "hidden_size")),
+        ffn_hidden_size=int(_get(hf_config, "intermediate_size")),
+        num_attention_heads=int(_get(hf_config, "num_attention_heads")),
+        num_query_groups=int(_get(hf_config, "num_key_value_heads") or _get(hf_config, "num_attention_heads")),
+        kv_channels=head_dim(hf_config),
+        normalization="RMSNorm",
+        layernorm_epsilon=float(_get(hf_config, "rms_norm_eps", 1e-6)),
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=qkv_bias(hf_config),
+        hidden_dropout=0.0,
+        attention_dropout=float(_get(hf_config, "attention_dropout", 0.0) or 0.0),
+        params_dtype=params_dtype,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        **parallel,
+    )
+
+
+def build_gpt_model(hf_config: Any, config: Any, pre_process: bool = True, post_process: bool = True) -> Any:
+    """An untrained ``GPTModel`` of the HF model's shape (megatron-core's local layer spec)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=int(_get(hf_config, "vocab_size")),
+        max_sequence_length=int(_get(hf_config, "max_position_embeddings")),
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=bool(_get(hf_config, "tie_word_embeddings", False)),
+        position_embedding_type="rope",
+        rotary_base=rope_theta(hf_config),
+    )
+
+
+def _groups(hf_config: Any) -> tuple[int, int, int]:
+    """(query groups, query heads per group, head dim)."""
+    heads = int(_get(hf_config, "num_attention_heads"))
+    groups = int(_get(hf_config, "num_key_value_heads") or heads)
+    return groups, heads // groups, head_dim(hf_config)
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hf_config: Any) -> torch.Tensor:
+    """HF's q, k, v projections (weights or biases) as megatron's ``linear_qkv`` rows."""
+    groups, per_group, dim = _groups(hf_config)
+    rest = q.shape[1:]
+    parts = (q.reshape(groups, per_group * dim, *rest), k.reshape(groups, dim, *rest), v.reshape(groups, dim, *rest))
+    return torch.cat(parts, dim=1).reshape(-1, *rest)
+
+
+def split_qkv(qkv: torch.Tensor, hf_config: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """megatron's ``linear_qkv`` rows as HF's q, k, v (the inverse of ``fuse_qkv``)."""
+    groups, per_group, dim = _groups(hf_config)
+    rest = qkv.shape[1:]
+    grouped = qkv.reshape(groups, (per_group + 2) * dim, *rest)
+    q, k, v = torch.split(grouped, [per_group * dim, dim, dim], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+def hf_to_megatron(hf_state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
+    """The HF state dict (``model.…`` names) as ``GPTModel`` parameters, whole (no TP shards)."""
+    check_supported(hf_config)
+    out = {
+        "embedding.word_embeddings.weight": hf_state["model.embed_tokens.weight"],
+        "decoder.final_layernorm.weight": hf_state["model.norm.weight"],
+    }
+    if not _get(hf_config, "tie_word_embeddings", False):
+        out["output_layer.weight"] = hf_state["lm_head.weight"]
+    for i in range(int(_get(hf_config, "num_hidden_layers"))):
+        hf, mc = f"model.layers.{i}.", f"decoder.layers.{i}."
+        attn = hf + "self_attn."
+        out[mc + "input_layernorm.weight"] = hf_state[hf + "input_layernorm.weight"]
+        out[mc + "self_attention.linear_qkv.weight"] = fuse_qkv(
+            hf_state[attn + "q_proj.weight"], hf_state[attn + "k_proj.weight"], hf_state[attn + "v_proj.weight"], hf_config
+        )
+        if qkv_bias(hf_config):
+            out[mc + "self_attention.linear_qkv.bias"] = fuse_qkv(
+                hf_state[attn + "q_proj.bias"], hf_state[attn + "k_proj.bias"], hf_state[attn + "v_proj.bias"], hf_config
+            )
+        out[mc + "self_attention.linear_proj.weight"] = hf_state[attn + "o_proj.weight"]
+        out[mc + "pre_mlp_layernorm.weight"] = hf_state[hf + "post_attention_layernorm.weight"]
+        out[mc + "mlp.linear_fc1.weight"] = torch.cat(
+            [hf_state[hf + "mlp.gate_proj.weight"], hf_state[hf + "mlp.up_proj.weight"]]
+        )
+        out[mc + "mlp.linear_fc2.weight"] = hf_state[hf + "mlp.down_proj.weight"]
+    return out
+
+
+def megatron_to_hf(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
+    """``GPTModel`` parameters (whole) as the HF state dict: the inverse of ``hf_to_megatron``."""
+    check_supported(hf_config)
+    out = {
+        "model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+        "model.norm.weight": state["decoder.final_layernorm.weight"],
+    }
+    if not _get(hf_config, "tie_word_embeddings", False):
+        out["lm_head.weight"] = state["output_layer.weight"]
+    for i in range(int(_get(hf_config, "num_hidden_layers"))):
+        hf, mc = f"model.layers.{i}.", f"decoder.layers.{i}."
+        attn = hf + "self_attn."
+        out[hf + "input_layernorm.weight"] = state[mc + "input_layernorm.weight"]
+        q, k, v = split_qkv(state[mc + "self_attention.linear_qkv.weight"], hf_config)
+        out.update({attn + "q_proj.weight": q, attn + "k_proj.weight": k, attn + "v_proj.weight": v})
+        if qkv_bias(hf_config):
+            q, k, v = split_qkv(state[mc + "self_attention.linear_qkv.bias"], hf_config)
+            out.update({attn + "q_proj.bias": q, attn + "k_proj.bias": k, attn + "v_proj.bias": v})
+        out[attn + "o_proj.weight"] = state[mc + "self_attention.linear_proj.weight"]
+        out[hf + "post_attention_layernorm.weight"] = state[mc + "pre_mlp_layernorm.weight"]
+        gate, up = torch.chunk(state[mc + "mlp.linear_fc1.weight"], 2, dim=0)
+        out.update({hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up})
+        out[hf + "mlp.down_proj.weight"] = state[mc + "mlp.linear_fc2.weight"]
+    return out
