@@ -1,0 +1,123 @@
+"""Micro-batches through megatron-core's own schedules (``get_forward_backward_func``).
+
+- ``forward_log_probs``: the inference passes (old_log_prob, ref) with ``forward_only``; the
+  per-token log-probs come back through the schedule's collected non-loss data.
+- ``forward_backward``: the update's passes. The project's loss function (``LossFn``:
+  ``(model_output, micro_batch) -> (numerator, denominator, metrics)``) goes into the
+  schedule's loss-function slot. The schedule runs with ``calculate_per_token_loss``, so it
+  backpropagates each micro-batch's loss *numerator* without dividing by the number of
+  micro-batches; the caller divides the summed gradients once by the global denominator
+  (summed over micro-batches and data-parallel ranks, R-4.3), so the update does not depend on
+  how the batch is cut.
+
+Batches are right-padded (each row's real tokens first): the causal mask alone then keeps
+padding out of every real position, and positions are ``0..T-1``. A row with a gap is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from rl_train.engines.training.megatron.cpu_compat import megatron_on_this_device
+from rl_train.engines.training.protocol import Batch, LossFn
+
+
+def check_right_padded(attention_mask: torch.Tensor) -> None:
+    """``ValueError`` unless every row of the mask is ones, then zeros."""
+    mask = attention_mask.bool()
+    lengths = mask.sum(-1, keepdim=True)
+    expected = torch.arange(mask.shape[-1]).unsqueeze(0) < lengths
+    if not torch.equal(mask, expected):
+        rows = (mask != expected).any(-1).nonzero().flatten().tolist()
+        raise ValueError(f"the megatron engine takes right-padded batches; rows {rows} have padding inside")
+
+
+def split_batch(batch: Batch, micro_batch_size: int) -> list[Batch]:
+    """Consecutive micro-batches of ``micro_batch_size`` rows (the last may be shorter)."""
+    size = batch["input_ids"].shape[0]
+    return [{k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)]
+
+
+def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log p(input_ids[t] | input_ids[:t]) at position t, [B, T]; position 0 gets 0."""
+    log_probs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    return torch.nn.functional.pad(log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))
+
+
+def _logits(model: Any, micro_batch: Batch) -> torch.Tensor:
+    input_ids = micro_batch["input_ids"]
+    positions = torch.arange(input_ids.shape[1]).unsqueeze(0).expand_as(input_ids)
+    return model(input_ids, positions, attention_mask=None)
+
+
+def _run(model: Any, micro_batches: list[Batch], forward_step: Any, forward_only: bool, **kwargs: Any) -> list[Any]:
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    width = max(int(mb["input_ids"].shape[1]) for mb in micro_batches)
+    iterator: Iterator[Batch] = iter(micro_batches)
+    with megatron_on_this_device():
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iterator,
+            model=[model],
+            num_microbatches=len(micro_batches),
+            seq_length=width,
+            micro_batch_size=int(micro_batches[0]["input_ids"].shape[0]),
+            forward_only=forward_only,
+            **kwargs,
+        )
+
+
+@torch.no_grad()
+def forward_log_probs(model: Any, batch: Batch, temperature: float, micro_batch_size: int) -> torch.Tensor:
+    """Per-token log-probs [B, T] of a right-padded batch, forward only, in eval mode."""
+    check_right_padded(batch["attention_mask"])
+
+    def forward_step(data_iterator: Iterator[Batch], model: Any) -> tuple[torch.Tensor, Any]:
+        micro_batch = next(data_iterator)
+        logits = _logits(model, micro_batch)
+
+        def collect(output: torch.Tensor, non_loss_data: bool = True) -> torch.Tensor:
+            return token_log_probs(output, micro_batch["input_ids"], temperature)
+
+        return logits, collect
+
+    model.eval()
+    parts = _run(model, split_batch(batch, micro_batch_size), forward_step, True, collect_non_loss_data=True)
+    return torch.cat(parts)
+
+
+def forward_backward(
+    model: Any, batch: Batch, loss_fn: LossFn, temperature: float, micro_batch_size: int
+) -> tuple[float, float, dict[str, float]]:
+    """Backpropagate every micro-batch's loss numerator through megatron's schedule; returns
+    (sum of numerators, sum of denominators, token-weighted metrics). Gradients are sums:
+    the caller divides them by the global denominator."""
+    check_right_padded(batch["attention_mask"])
+    model.config.calculate_per_token_loss = True
+    totals = {"numerator": 0.0, "denominator": 0.0}
+    weighted: dict[str, float] = {}
+
+    def forward_step(data_iterator: Iterator[Batch], model: Any) -> tuple[torch.Tensor, Any]:
+        micro_batch = next(data_iterator)
+        logits = _logits(model, micro_batch)
+
+        def loss(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+            outputs = {"log_probs": token_log_probs(output, micro_batch["input_ids"], temperature)}
+            numerator, denominator, metrics = loss_fn(outputs, micro_batch)
+            totals["numerator"] += float(numerator.detach())
+            totals["denominator"] += float(denominator)
+            tokens = float(micro_batch["response_mask"].sum())
+            for key, value in metrics.items():
+                weighted[key] = weighted.get(key, 0.0) + float(value) * tokens
+            return numerator, torch.tensor(int(round(float(denominator)))), {}
+
+        return logits, loss
+
+    model.train()
+    _run(model, split_batch(batch, micro_batch_size), forward_step, False)
+    tokens = max(float(batch["response_mask"].sum()), 1.0)
+    return totals["numerator"], totals["denominator"], {k: v / tokens for k, v in weighted.items()}
