@@ -10,6 +10,9 @@ where it names the device itself. This layer covers those places and nothing els
   scale and found-inf flags, the grad-norm buffers) and ``Tensor.cuda()`` stay on the CPU,
   and ``pin_memory`` is dropped (pinning needs CUDA); a ``TorchFunctionMode`` rewrites those
   calls while it is active;
+- ``tensor.type()`` asked with no argument names the CUDA type of a CPU tensor
+  (``torch.cuda.FloatTensor`` for ``torch.FloatTensor``): the distributed optimizer accepts
+  only parameters whose type string says CUDA;
 - the RNG-state tracker that forks a "CUDA" generator per parallel region tracks the CPU
   generator instead (``torch.cuda.get_rng_state`` / ``manual_seed`` and megatron's own
   get/set helpers).
@@ -47,6 +50,9 @@ class CudaCallsToCpu(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:  # a query, not a cast
+            name = func(*args)
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
         if kwargs.get("pin_memory"):
