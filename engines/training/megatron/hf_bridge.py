@@ -13,7 +13,14 @@ Layouts (megatron-core's local layer spec, no Transformer Engine):
   activation to the first half), ``linear_fc2`` is ``down``.
 - **Norms and embeddings** map one to one; with tied embeddings there is no output layer.
 
-The conversion works on whole (unsharded) tensors: a tensor-parallel engine shards after it.
+The conversion works on whole tensors; ``shard_for_tensor_parallel`` then cuts them for one
+tensor-parallel rank, as megatron's parallel layers hold them:
+
+- column-parallel layers split their output rows: ``linear_qkv`` by whole query groups (the
+  fused layout keeps each group's rows together), ``linear_fc1`` gate and up halves each;
+- row-parallel layers (``linear_proj``, ``linear_fc2``) split their input columns;
+- the embedding (and an untied output layer) split the vocabulary, padded with zero rows to
+  a multiple of the TP size (``padded_vocab_size``); norms are whole on every rank.
 """
 
 from __future__ import annotations
@@ -106,18 +113,33 @@ def transformer_config(hf_config: Any, params_dtype: torch.dtype = torch.float32
     )
 
 
-def build_gpt_model(hf_config: Any, config: Any, pre_process: bool = True, post_process: bool = True) -> Any:
-    """An untrained ``GPTModel`` of the HF model's shape (megatron-core's local layer spec)."""
+def padded_vocab_size(hf_config: Any, tensor_parallel_size: int = 1) -> int:
+    """The vocabulary rounded up to a multiple of the TP size (each rank holds an equal slice)."""
+    vocab = int(_get(hf_config, "vocab_size"))
+    return -(-vocab // tensor_parallel_size) * tensor_parallel_size
+
+
+def build_gpt_model(
+    hf_config: Any,
+    config: Any,
+    pre_process: bool = True,
+    post_process: bool = True,
+    parallel_output: bool = False,
+) -> Any:
+    """An untrained ``GPTModel`` of the HF model's shape (megatron-core's local layer spec),
+    its vocabulary padded for the config's TP size. ``parallel_output`` off: every TP rank
+    gets the whole logits (the padded columns included)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     return GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=int(_get(hf_config, "vocab_size")),
+        vocab_size=padded_vocab_size(hf_config, config.tensor_model_parallel_size),
         max_sequence_length=int(_get(hf_config, "max_position_embeddings")),
         pre_process=pre_process,
         post_process=post_process,
+        parallel_output=parallel_output,
         share_embeddings_and_output_weights=bool(_get(hf_config, "tie_word_embeddings", False)),
         position_embedding_type="rope",
         rotary_base=rope_theta(hf_config),
@@ -201,3 +223,35 @@ def megatron_to_hf(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, 
         out.update({hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up})
         out[hf + "mlp.down_proj.weight"] = state[mc + "mlp.linear_fc2.weight"]
     return out
+
+
+COLUMN_PARALLEL = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
+ROW_PARALLEL = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+VOCAB_PARALLEL = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def shard_for_tensor_parallel(
+    state: dict[str, torch.Tensor], hf_config: Any, size: int, rank: int
+) -> dict[str, torch.Tensor]:
+    """Whole ``GPTModel`` parameters (``hf_to_megatron``) as TP rank ``rank`` of ``size`` holds them."""
+    groups = _groups(hf_config)[0]
+    if groups % size:
+        raise UnsupportedModelError(
+            f"num_key_value_heads {groups} is not divisible by tensor_model_parallel_size {size}"
+        )
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith(COLUMN_PARALLEL):
+            out[name] = torch.chunk(tensor, size, dim=0)[rank]  # whole query groups per rank
+        elif name.endswith("mlp.linear_fc1.weight"):
+            gate, up = torch.chunk(tensor, 2, dim=0)
+            out[name] = torch.cat([torch.chunk(gate, size, dim=0)[rank], torch.chunk(up, size, dim=0)[rank]])
+        elif name.endswith(ROW_PARALLEL):
+            out[name] = torch.chunk(tensor, size, dim=1)[rank]
+        elif name in VOCAB_PARALLEL:
+            padded = padded_vocab_size(hf_config, size)
+            full = torch.nn.functional.pad(tensor, (0, 0, 0, padded - tensor.shape[0]))
+            out[name] = torch.chunk(full, size, dim=0)[rank]
+        else:
+            out[name] = tensor
+    return {name: tensor.contiguous() for name, tensor in out.items()}
