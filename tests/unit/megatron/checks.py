@@ -1,0 +1,183 @@
+"""megatron-core on CPU against HF, run as one process per rank (each needs its own
+torch.distributed world): ``python checks.py MODEL_DIR PORT RANK WORLD OUT_DIR``.
+
+World 1: megatron's GPTModel gives HF's logits; its schedules give HF's log-probs (forward
+only) and HF's gradients, the same for 1, 2 and 5 micro-batches; its distributed optimizer
+makes HF + torch Adam's update. World 2: two tensor-parallel ranks give HF's logits; then, as
+two data-parallel ranks with half the batch each, the update of world 1. Rank 0 prints one
+JSON line of measurements; the tests in ``test_megatron_cpu.py`` judge them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from rl_train.engines.training.megatron.cpu_compat import megatron_on_this_device
+from rl_train.engines.training.megatron.hf_bridge import (
+    build_gpt_model,
+    hf_to_megatron,
+    shard_for_tensor_parallel,
+    transformer_config,
+)
+from rl_train.engines.training.megatron.optimizer import optimizer_step, wrap_for_training, zero_grads
+from rl_train.engines.training.megatron.schedule import forward_backward, forward_log_probs, token_log_probs
+
+SETTINGS = {"lr": 1e-3, "weight_decay": 0.0, "betas": (0.9, 0.999), "grad_clip": 1.0}
+TEMPERATURE = 0.7
+
+
+def batch(vocab: int) -> dict[str, torch.Tensor]:
+    """Six right-padded rows of different lengths; the first 3 tokens of each are the prompt."""
+    lengths = [10, 7, 9, 5, 8, 6]
+    mask = torch.tensor([[1] * n + [0] * (10 - n) for n in lengths])
+    ids = torch.randint(3, vocab, (len(lengths), 10), generator=torch.Generator().manual_seed(0)) * mask
+    response = mask.clone()
+    response[:, :3] = 0
+    return {"input_ids": ids, "attention_mask": mask, "response_mask": response}
+
+
+def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: dict[str, torch.Tensor]) -> tuple[Any, float, dict]:
+    numerator = -(outputs["log_probs"] * micro_batch["response_mask"]).sum()
+    return numerator, float(micro_batch["response_mask"].sum()), {}
+
+
+def build(folder: str, hf_config: dict, tp_size: int, tp_rank: int) -> tuple[Any, Any]:
+    from megatron.core import tensor_parallel
+
+    with megatron_on_this_device():
+        tensor_parallel.model_parallel_cuda_manual_seed(0)
+        config = transformer_config(hf_config, tensor_model_parallel_size=tp_size)
+        model = build_gpt_model(hf_config, config)
+    whole = hf_to_megatron(load_file(f"{folder}/model.safetensors"), hf_config)
+    missing, unexpected = model.load_state_dict(
+        shard_for_tensor_parallel(whole, hf_config, tp_size, tp_rank), strict=False
+    )
+    assert not unexpected and all("_extra_state" in k for k in missing), (missing, unexpected)
+    return model, config
+
+
+def hf_reference(folder: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder)
+
+
+def hf_log_probs(reference: Any, data: dict[str, torch.Tensor]) -> torch.Tensor:
+    mask = data["attention_mask"]
+    logits = reference(
+        input_ids=data["input_ids"], attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)
+    ).logits
+    return token_log_probs(logits, data["input_ids"], TEMPERATURE)
+
+
+def logits_diff(model: Any, hf_config: dict, reference: Any | None) -> float | None:
+    ids = torch.randint(0, hf_config["vocab_size"], (3, 9), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(9).unsqueeze(0).expand(3, -1)
+    model.eval()
+    with torch.no_grad(), megatron_on_this_device():
+        got = model(ids, positions, attention_mask=None)[..., : hf_config["vocab_size"]]
+    if reference is None:
+        return None
+    with torch.no_grad():
+        want = reference.eval()(ids).logits
+    return (got - want).abs().max().item()
+
+
+def update(model: Any, config: Any, data: dict[str, torch.Tensor], rank: int, world: int) -> tuple[dict, dict]:
+    """One optimizer step on this data-parallel rank's share of ``data``; (metrics, params)."""
+    ddp, optimizer = wrap_for_training(model, config, SETTINGS)
+    share = data["input_ids"].shape[0] // world
+    mine = {k: v[rank * share : (rank + 1) * share] for k, v in data.items()}
+    zero_grads(ddp, optimizer)
+    _, denominator, _ = forward_backward(ddp, mine, loss_fn, TEMPERATURE, micro_batch_size=2)
+    metrics = optimizer_step(ddp, optimizer, denominator)
+    return metrics, {n.removeprefix("module."): p.detach().clone() for n, p in ddp.named_parameters()}
+
+
+def one_rank(folder: str, hf_config: dict, out: str) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    model, config = build(folder, hf_config, 1, 0)
+    reference = hf_reference(folder)
+    result["logits_diff"] = logits_diff(model, hf_config, reference)
+
+    data = batch(hf_config["vocab_size"])
+    mask = data["attention_mask"]
+    with torch.no_grad():
+        want = hf_log_probs(reference.eval(), data)
+    got = forward_log_probs(model, data, TEMPERATURE, micro_batch_size=2)
+    result["log_prob_diff"] = ((got - want).abs() * mask).max().item()
+
+    reference.train()
+    (-(hf_log_probs(reference, data) * data["response_mask"]).sum() / data["response_mask"].sum()).backward()
+    want_grads = hf_to_megatron({n: p.grad for n, p in reference.named_parameters()}, hf_config)
+    grads = {}
+    for cut in (1, 2, 5):
+        for param in model.parameters():
+            param.grad = None
+        _, denominator, _ = forward_backward(model, data, loss_fn, TEMPERATURE, micro_batch_size=cut)
+        grads[cut] = {n: p.grad / denominator for n, p in model.named_parameters()}
+        result[f"denominator_{cut}"] = denominator
+    result["grad_diff_vs_hf"] = max((grads[2][n] - want_grads[n]).abs().max().item() for n in want_grads)
+    result["grad_diff_between_cuts"] = max(
+        (grads[c][n] - grads[5][n]).abs().max().item() for c in (1, 2) for n in want_grads
+    )
+
+    result["hf_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0))
+    adam = torch.optim.Adam(reference.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
+    adam.step()
+    model, config = build(folder, hf_config, 1, 0)  # fresh weights, no grads left over
+    metrics, params = update(model, config, data, 0, 1)
+    result["metrics"] = metrics
+    stepped = hf_to_megatron({n: p.detach() for n, p in reference.named_parameters()}, hf_config)
+    result["param_diff_vs_hf"] = max((params[n] - stepped[n]).abs().max().item() for n in stepped)
+    torch.save(params, f"{out}/megatron-1.pt")
+    return result
+
+
+def two_ranks(folder: str, hf_config: dict, rank: int, out: str) -> dict[str, Any]:
+    from megatron.core import parallel_state
+
+    result: dict[str, Any] = {}
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    model, _ = build(folder, hf_config, 2, rank)
+    result["tp_logits_diff"] = logits_diff(model, hf_config, hf_reference(folder) if rank == 0 else None)
+    parallel_state.destroy_model_parallel()
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)  # two data-parallel ranks
+    model, config = build(folder, hf_config, 1, 0)
+    metrics, params = update(model, config, batch(hf_config["vocab_size"]), rank, 2)
+    result["metrics"] = metrics
+    if rank == 0:
+        torch.save(params, f"{out}/megatron-2.pt")
+    return result
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    folder, port, rank, world, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    with open(f"{folder}/config.json") as handle:
+        hf_config = json.load(handle)
+    if world == 1:
+        from megatron.core import parallel_state
+
+        parallel_state.initialize_model_parallel(1, 1)
+        result = one_rank(folder, hf_config, out)
+    else:
+        result = two_ranks(folder, hf_config, rank, out)
+    if rank == 0:
+        print(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
