@@ -81,11 +81,16 @@ def qkv_bias(hf_config: Any) -> bool:
 def transformer_config(hf_config: Any, params_dtype: torch.dtype = torch.float32, **parallel: Any) -> Any:
     """megatron-core's ``TransformerConfig`` for the HF model; ``parallel`` sets the parallel
     sizes (``tensor_model_parallel_size``, ``pipeline_model_parallel_size``...). Fusions are
-    off: they need CUDA kernels, and the engine turns on what the device supports."""
+    off: they need CUDA kernels, and the engine turns on what the device supports. With
+    pipeline stages, activations travel in ``params_dtype``; without CUDA (gloo) each
+    send and receive is its own call, since gloo cannot batch them."""
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     check_supported(hf_config)
+    if parallel.get("pipeline_model_parallel_size", 1) > 1:
+        parallel.setdefault("pipeline_dtype", params_dtype)
+        parallel.setdefault("batch_p2p_comm", torch.cuda.is_available())
     return TransformerConfig(
         num_layers=int(_get(hf_config, "num_hidden_layers")),
         hidden_size=int(_get(hf_config, "hidden_size")),
@@ -255,3 +260,30 @@ def shard_for_tensor_parallel(
         else:
             out[name] = tensor
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def shard_for_pipeline(state: dict[str, torch.Tensor], hf_config: Any, size: int, rank: int) -> dict[str, torch.Tensor]:
+    """The parameters pipeline stage ``rank`` of ``size`` holds: an even share of the layers,
+    numbered from 0 on each stage, the embedding on the first stage, the final norm and the
+    output layer on the last (with tied embeddings, a copy of the embedding, which megatron
+    keeps in step by summing the two stages' gradients)."""
+    layers = int(_get(hf_config, "num_hidden_layers"))
+    if layers % size:
+        raise UnsupportedModelError(
+            f"num_hidden_layers {layers} is not divisible by pipeline_model_parallel_size {size}"
+        )
+    per_stage = layers // size
+    first, last = rank == 0, rank == size - 1
+    out = {}
+    for name, tensor in state.items():
+        if name.startswith("decoder.layers."):
+            index = int(name.split(".")[2])
+            if index // per_stage == rank:
+                out[name.replace(f"decoder.layers.{index}.", f"decoder.layers.{index - rank * per_stage}.", 1)] = tensor
+        elif (name.startswith("embedding.") and first) or (
+            name.startswith(("decoder.final_layernorm", "output_layer.")) and last
+        ):
+            out[name] = tensor
+    if last and not first and "output_layer.weight" not in out:
+        out["output_layer.weight"] = state["embedding.word_embeddings.weight"]
+    return out

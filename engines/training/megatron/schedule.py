@@ -72,8 +72,10 @@ def _run(model: Any, micro_batches: list[Batch], forward_step: Any, forward_only
 
 
 @torch.no_grad()
-def forward_log_probs(model: Any, batch: Batch, temperature: float, micro_batch_size: int) -> torch.Tensor:
-    """Per-token log-probs [B, T] of a right-padded batch, forward only, in eval mode."""
+def forward_log_probs(model: Any, batch: Batch, temperature: float, micro_batch_size: int) -> torch.Tensor | None:
+    """Per-token log-probs [B, T] of a right-padded batch, forward only, in eval mode; None on
+    a pipeline stage other than the last (only the last sees the logits). With pipeline
+    stages every micro-batch has the same shape: ``micro_batch_size`` must divide the rows."""
     check_right_padded(batch["attention_mask"])
 
     def forward_step(data_iterator: Iterator[Batch], model: Any) -> tuple[torch.Tensor, Any]:
@@ -87,7 +89,7 @@ def forward_log_probs(model: Any, batch: Batch, temperature: float, micro_batch_
 
     model.eval()
     parts = _run(model, split_batch(batch, micro_batch_size), forward_step, True, collect_non_loss_data=True)
-    return torch.cat(parts)
+    return torch.cat(parts) if parts else None
 
 
 def forward_backward(

@@ -4,7 +4,8 @@ torch.distributed world): ``python checks.py MODEL_DIR PORT RANK WORLD OUT_DIR``
 World 1: megatron's GPTModel gives HF's logits; its schedules give HF's log-probs (forward
 only) and HF's gradients, the same for 1, 2 and 5 micro-batches; its distributed optimizer
 makes HF + torch Adam's update. World 2: two tensor-parallel ranks give HF's logits; then, as
-two data-parallel ranks with half the batch each, the update of world 1. Rank 0 prints one
+two data-parallel ranks with half the batch each, the update of world 1; then, as two
+pipeline stages (p2p over gloo), HF's log-probs and each stage's share of HF's gradients. Rank 0 prints one
 JSON line of measurements; the tests in ``test_megatron_cpu.py`` judge them.
 """
 
@@ -24,6 +25,7 @@ from rl_train.engines.training.megatron.cpu_compat import megatron_on_this_devic
 from rl_train.engines.training.megatron.hf_bridge import (
     build_gpt_model,
     hf_to_megatron,
+    shard_for_pipeline,
     shard_for_tensor_parallel,
     transformer_config,
 )
@@ -157,7 +159,50 @@ def two_ranks(folder: str, hf_config: dict, rank: int, out: str) -> dict[str, An
     result["metrics"] = metrics
     if rank == 0:
         torch.save(params, f"{out}/megatron-2.pt")
+    parallel_state.destroy_model_parallel()
+
+    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2)  # two pipeline stages
+    stages = [None, None]
+    dist.all_gather_object(stages, pipeline_stage(folder, hf_config, rank))
+    for stage in stages:
+        result.update(stage)
     return result
+
+
+def pipeline_stage(folder: str, hf_config: dict, rank: int) -> dict[str, Any]:
+    """This stage's measurements: the log-probs (last stage) and its layers' gradients."""
+    from megatron.core import tensor_parallel
+
+    first, last = rank == 0, rank == 1
+    with megatron_on_this_device():
+        tensor_parallel.model_parallel_cuda_manual_seed(0)
+        config = transformer_config(hf_config, pipeline_model_parallel_size=2)
+        model = build_gpt_model(hf_config, config, pre_process=first, post_process=last)
+    whole = hf_to_megatron(load_file(f"{folder}/model.safetensors"), hf_config)
+    missing, unexpected = model.load_state_dict(shard_for_pipeline(whole, hf_config, 2, rank), strict=False)
+    assert not unexpected and all("_extra_state" in k for k in missing), (missing, unexpected)
+    data = batch(hf_config["vocab_size"])
+    reference = hf_reference(folder)
+    out: dict[str, Any] = {}
+    got = forward_log_probs(model, data, TEMPERATURE, micro_batch_size=2)
+    if last:
+        with torch.no_grad():
+            want = hf_log_probs(reference.eval(), data)
+        out["pp_log_prob_diff"] = ((got - want).abs() * data["attention_mask"]).max().item()
+    reference.train()
+    (-(hf_log_probs(reference, data) * data["response_mask"]).sum() / data["response_mask"].sum()).backward()
+    hf_grads = hf_to_megatron({n: p.grad for n, p in reference.named_parameters()}, hf_config)
+    want_grads = shard_for_pipeline(hf_grads, hf_config, 2, rank)
+    for param in model.parameters():
+        param.grad = None
+    forward_backward(model, data, loss_fn, TEMPERATURE, micro_batch_size=2)
+    denominator = float(data["response_mask"].sum())
+    layers = [n for n, _ in model.named_parameters() if n.startswith("decoder.")]
+    grads = dict(model.named_parameters())
+    out[f"pp_grad_diff_stage_{rank}"] = max(
+        (grads[n].grad / denominator - want_grads[n]).abs().max().item() for n in layers
+    )
+    return out
 
 
 def main() -> None:

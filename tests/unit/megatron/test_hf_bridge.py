@@ -95,3 +95,19 @@ def test_tensor_parallel_shards_put_back_together_give_the_whole(tiny_model_dir:
     with pytest.raises(UnsupportedModelError, match="num_key_value_heads 2 is not divisible"):
         shard_for_tensor_parallel(whole, config, 4, 0)
 
+
+
+def test_pipeline_stages_split_the_layers_and_place_the_ends(tiny_model_dir: Path) -> None:
+    from rl_train.engines.training.megatron.hf_bridge import shard_for_pipeline
+
+    config = _config(tiny_model_dir)
+    whole = hf_to_megatron(load_file(str(tiny_model_dir / "model.safetensors")), config)
+    first, last = (shard_for_pipeline(whole, config, 2, rank) for rank in range(2))
+    name = "decoder.layers.1.mlp.linear_fc2.weight"
+    assert first[name].equal(whole[name]) and last[name].equal(whole["decoder.layers.3.mlp.linear_fc2.weight"])
+    assert "embedding.word_embeddings.weight" in first and "decoder.final_layernorm.weight" not in first
+    assert "embedding.word_embeddings.weight" not in last and "decoder.final_layernorm.weight" in last
+    assert last["output_layer.weight"].equal(whole["embedding.word_embeddings.weight"])  # tied: a copy
+    assert not any(".layers.2." in n or ".layers.3." in n for n in (*first, *last))
+    with pytest.raises(UnsupportedModelError, match="num_hidden_layers 4 is not divisible"):
+        shard_for_pipeline(whole, config, 3, 0)

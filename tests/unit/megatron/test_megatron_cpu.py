@@ -88,3 +88,9 @@ def test_two_data_parallel_ranks_make_the_one_rank_update(
     assert abs(two_ranks["metrics"]["actor/grad_norm"] - one_rank["metrics"]["actor/grad_norm"]) < 1e-5
     single, pair = torch.load(out_dir / "megatron-1.pt"), torch.load(out_dir / "megatron-2.pt")
     assert max((single[n] - pair[n]).abs().max().item() for n in single) < 1e-4
+
+
+def test_two_pipeline_stages_give_the_hf_log_probs_and_gradients(two_ranks: dict[str, Any]) -> None:
+    """Activations and their gradients cross the stages over gloo (one call per send)."""
+    assert two_ranks["pp_log_prob_diff"] < 1e-5, two_ranks
+    assert two_ranks["pp_grad_diff_stage_0"] < 1e-5 and two_ranks["pp_grad_diff_stage_1"] < 1e-5, two_ranks
