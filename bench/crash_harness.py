@@ -94,8 +94,10 @@ class CrashSettings:
     mode: str
     num_kills: int = 20
     seed: int = 0
-    total_steps: int = 48
-    """Enough for every kill to find a run still going: each aimed kill costs the run a step or two."""
+    total_steps: int = 64
+    """Enough for every kill to find a run still going: each aimed kill costs the run a step or
+    two, and a random kill after the first step can let a life run a few dozen (colocate_async
+    once finished its 48 steps after 19 kills, once start-up had become faster)."""
     train_batch_size: int = 8
     extra_overrides: list[str] = field(default_factory=list)
 
