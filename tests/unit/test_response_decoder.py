@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from import_probe import imported_after
 
 from rl_train.engines.model.response_decoder import (
     TokenizersDecoder,
@@ -68,9 +67,5 @@ def test_without_tokenizer_json_transformers_decodes(model_copy: Path) -> None:
 
 
 def test_the_reward_worker_imports_neither_torch_nor_transformers() -> None:
-    code = (
-        "import sys, rl_train.engines.workers.reward_worker; "
-        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    statement = "import rl_train.engines.workers.reward_worker"
+    assert imported_after(statement, ("torch", "transformers")) == []

@@ -3,22 +3,16 @@ raised in the caller, and a temporary Prefect API only when the run would start 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from import_probe import imported_after
 
 import rl_train.engines.workers.ray_start as ray_start
 from rl_train.flows import startup
 
 
 def test_importing_the_startup_module_imports_none_of_what_it_warms() -> None:
-    code = (
-        "import sys, rl_train.flows.startup; "
-        "print(sorted(m for m in ('torch', 'transformers', 'prefect', 'ray') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    heavy = ("torch", "transformers", "prefect", "ray")
+    assert imported_after("import rl_train.flows.startup", heavy) == []
 
 
 def test_an_error_of_the_helper_thread_is_raised_in_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,9 +53,5 @@ def test_a_temporary_prefect_api_only_when_the_run_would_start_one(
 def test_the_driver_does_not_import_transformers_models() -> None:
     """The driver builds no model (its workers do): importing the flows must not pull in
     transformers' modeling code, which costs about a second of start-up CPU per process."""
-    code = (
-        "import sys, rl_train.flows.train, rl_train.flows.registry; "
-        "print('transformers.modeling_utils' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
+    statement = "import rl_train.flows.train, rl_train.flows.registry"
+    assert imported_after(statement, ("transformers.modeling_utils",)) == []

@@ -175,60 +175,63 @@ def split_qkv(qkv: torch.Tensor, hf_config: Any) -> tuple[torch.Tensor, torch.Te
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
+ONE_TO_ONE = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
+    "post_attention_layernorm.weight": "pre_mlp_layernorm.weight",
+    "mlp.down_proj.weight": "mlp.linear_fc2.weight",
+}
+"""Per-layer HF names (under ``model.layers.N.``) -> megatron names (under ``decoder.layers.N.``)."""
+
+
+def _pairs(hf_config: Any) -> list[tuple[str, str]]:
+    """(HF name, megatron name) of every tensor that maps one to one."""
+    pairs = [
+        ("model.embed_tokens.weight", "embedding.word_embeddings.weight"),
+        ("model.norm.weight", "decoder.final_layernorm.weight"),
+    ]
+    if not _get(hf_config, "tie_word_embeddings", False):
+        pairs.append(("lm_head.weight", "output_layer.weight"))
+    for i in range(int(_get(hf_config, "num_hidden_layers"))):
+        pairs += [(f"model.layers.{i}.{h}", f"decoder.layers.{i}.{m}") for h, m in ONE_TO_ONE.items()]
+    return pairs
+
+
+def _qkv_names(hf_config: Any, layer: int) -> list[tuple[list[str], str]]:
+    """([HF q, k, v names], megatron fused name) of a layer's weight (and bias)."""
+    attn, fused = f"model.layers.{layer}.self_attn.", f"decoder.layers.{layer}.self_attention.linear_qkv."
+    kinds = ("weight", "bias") if qkv_bias(hf_config) else ("weight",)
+    return [([f"{attn}{p}_proj.{kind}" for p in "qkv"], fused + kind) for kind in kinds]
+
+
+def _mlp_names(layer: int) -> tuple[list[str], str]:
+    """([HF gate, up names], megatron ``linear_fc1`` name) of a layer."""
+    halves = [f"model.layers.{layer}.mlp.{p}_proj.weight" for p in ("gate", "up")]
+    return halves, f"decoder.layers.{layer}.mlp.linear_fc1.weight"
+
+
 def hf_to_megatron(hf_state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
     """The HF state dict (``model.…`` names) as ``GPTModel`` parameters, whole (no TP shards)."""
     check_supported(hf_config)
-    out = {
-        "embedding.word_embeddings.weight": hf_state["model.embed_tokens.weight"],
-        "decoder.final_layernorm.weight": hf_state["model.norm.weight"],
-    }
-    if not _get(hf_config, "tie_word_embeddings", False):
-        out["output_layer.weight"] = hf_state["lm_head.weight"]
-    for i in range(int(_get(hf_config, "num_hidden_layers"))):
-        hf, mc = f"model.layers.{i}.", f"decoder.layers.{i}."
-        attn = hf + "self_attn."
-        out[mc + "input_layernorm.weight"] = hf_state[hf + "input_layernorm.weight"]
-        out[mc + "self_attention.linear_qkv.weight"] = fuse_qkv(
-            hf_state[attn + "q_proj.weight"], hf_state[attn + "k_proj.weight"], hf_state[attn + "v_proj.weight"], hf_config
-        )
-        if qkv_bias(hf_config):
-            out[mc + "self_attention.linear_qkv.bias"] = fuse_qkv(
-                hf_state[attn + "q_proj.bias"], hf_state[attn + "k_proj.bias"], hf_state[attn + "v_proj.bias"], hf_config
-            )
-        out[mc + "self_attention.linear_proj.weight"] = hf_state[attn + "o_proj.weight"]
-        out[mc + "pre_mlp_layernorm.weight"] = hf_state[hf + "post_attention_layernorm.weight"]
-        out[mc + "mlp.linear_fc1.weight"] = torch.cat(
-            [hf_state[hf + "mlp.gate_proj.weight"], hf_state[hf + "mlp.up_proj.weight"]]
-        )
-        out[mc + "mlp.linear_fc2.weight"] = hf_state[hf + "mlp.down_proj.weight"]
+    out = {m: hf_state[h] for h, m in _pairs(hf_config)}
+    for layer in range(int(_get(hf_config, "num_hidden_layers"))):
+        for (q, k, v), fused in _qkv_names(hf_config, layer):
+            out[fused] = fuse_qkv(hf_state[q], hf_state[k], hf_state[v], hf_config)
+        halves, fc1 = _mlp_names(layer)
+        out[fc1] = torch.cat([hf_state[name] for name in halves])
     return out
 
 
 def megatron_to_hf(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
     """``GPTModel`` parameters (whole) as the HF state dict: the inverse of ``hf_to_megatron``."""
     check_supported(hf_config)
-    out = {
-        "model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
-        "model.norm.weight": state["decoder.final_layernorm.weight"],
-    }
-    if not _get(hf_config, "tie_word_embeddings", False):
-        out["lm_head.weight"] = state["output_layer.weight"]
-    for i in range(int(_get(hf_config, "num_hidden_layers"))):
-        hf, mc = f"model.layers.{i}.", f"decoder.layers.{i}."
-        attn = hf + "self_attn."
-        out[hf + "input_layernorm.weight"] = state[mc + "input_layernorm.weight"]
-        q, k, v = split_qkv(state[mc + "self_attention.linear_qkv.weight"], hf_config)
-        out.update({attn + "q_proj.weight": q, attn + "k_proj.weight": k, attn + "v_proj.weight": v})
-        if qkv_bias(hf_config):
-            q, k, v = split_qkv(state[mc + "self_attention.linear_qkv.bias"], hf_config)
-            out.update({attn + "q_proj.bias": q, attn + "k_proj.bias": k, attn + "v_proj.bias": v})
-        out[attn + "o_proj.weight"] = state[mc + "self_attention.linear_proj.weight"]
-        out[hf + "post_attention_layernorm.weight"] = state[mc + "pre_mlp_layernorm.weight"]
-        gate, up = torch.chunk(state[mc + "mlp.linear_fc1.weight"], 2, dim=0)
-        out.update({hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up})
-        out[hf + "mlp.down_proj.weight"] = state[mc + "mlp.linear_fc2.weight"]
+    out = {h: state[m] for h, m in _pairs(hf_config)}
+    for layer in range(int(_get(hf_config, "num_hidden_layers"))):
+        for names, fused in _qkv_names(hf_config, layer):
+            out.update(zip(names, split_qkv(state[fused], hf_config), strict=True))
+        halves, fc1 = _mlp_names(layer)
+        out.update(zip(halves, torch.chunk(state[fc1], 2, dim=0), strict=True))
     return out
-
 
 COLUMN_PARALLEL = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
 ROW_PARALLEL = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
