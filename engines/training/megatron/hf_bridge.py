@@ -290,3 +290,41 @@ def shard_for_pipeline(state: dict[str, torch.Tensor], hf_config: Any, size: int
     if last and not first and "output_layer.weight" not in out:
         out["output_layer.weight"] = state["embedding.word_embeddings.weight"]
     return out
+
+
+def unshard_tensor_parallel(shards: list[dict[str, torch.Tensor]], hf_config: Any) -> dict[str, torch.Tensor]:
+    """The whole parameters from every TP rank's shard (rank order): ``shard_for_tensor_parallel``
+    undone, the vocabulary's padding rows dropped."""
+    vocab = int(_get(hf_config, "vocab_size"))
+    out = {}
+    for name, first in shards[0].items():
+        parts = [shard[name] for shard in shards]
+        if name.endswith(COLUMN_PARALLEL):
+            out[name] = torch.cat(parts)
+        elif name.endswith("mlp.linear_fc1.weight"):
+            halves = [torch.chunk(part, 2, dim=0) for part in parts]
+            out[name] = torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
+        elif name.endswith(ROW_PARALLEL):
+            out[name] = torch.cat(parts, dim=1)
+        elif name in VOCAB_PARALLEL:
+            out[name] = torch.cat(parts)[:vocab]
+        else:
+            out[name] = first
+    return out
+
+
+def merge_pipeline_stages(stages: list[dict[str, torch.Tensor]], hf_config: Any) -> dict[str, torch.Tensor]:
+    """The whole parameters from every pipeline stage's (stage order): ``shard_for_pipeline``
+    undone, layers numbered globally again; a tied model's output-layer copy is dropped."""
+    per_stage = int(_get(hf_config, "num_hidden_layers")) // len(stages)
+    tied = bool(_get(hf_config, "tie_word_embeddings", False))
+    out = {}
+    for rank, stage in enumerate(stages):
+        for name, tensor in stage.items():
+            if name.startswith("decoder.layers."):
+                index = int(name.split(".")[2])
+                name = name.replace(f"decoder.layers.{index}.", f"decoder.layers.{index + rank * per_stage}.", 1)
+            elif name == "output_layer.weight" and tied:
+                continue
+            out[name] = tensor
+    return out

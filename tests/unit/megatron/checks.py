@@ -3,7 +3,8 @@ torch.distributed world): ``python checks.py MODEL_DIR PORT RANK WORLD OUT_DIR``
 
 World 1: megatron's GPTModel gives HF's logits; its schedules give HF's log-probs (forward
 only) and HF's gradients, the same for 1, 2 and 5 micro-batches; its distributed optimizer
-makes HF + torch Adam's update. World 2: two tensor-parallel ranks give HF's logits; then, as
+makes HF + torch Adam's update. World 2: two tensor-parallel ranks give HF's logits and,
+gathered, export HF's weights bit for bit; then, as
 two data-parallel ranks with half the batch each, the update of world 1; then, as two
 pipeline stages (p2p over gloo), HF's log-probs and each stage's share of HF's gradients. Rank 0 prints one
 JSON line of measurements; the tests in ``test_megatron_cpu.py`` judge them.
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from rl_train.engines.training.megatron.cpu_compat import megatron_on_this_device
+from rl_train.engines.training.megatron.export import export_hf_weights
 from rl_train.engines.training.megatron.hf_bridge import (
     build_gpt_model,
     hf_to_megatron,
@@ -151,6 +153,10 @@ def two_ranks(folder: str, hf_config: dict, rank: int, out: str) -> dict[str, An
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     model, _ = build(folder, hf_config, 2, rank)
     result["tp_logits_diff"] = logits_diff(model, hf_config, hf_reference(folder) if rank == 0 else None)
+    exported, saved = export_hf_weights(model, hf_config), load_file(f"{folder}/model.safetensors")
+    result["tp_export_bit_exact"] = exported.keys() == saved.keys() and all(
+        exported[k].equal(saved[k]) for k in saved
+    )
     parallel_state.destroy_model_parallel()
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)  # two data-parallel ranks
@@ -162,10 +168,12 @@ def two_ranks(folder: str, hf_config: dict, rank: int, out: str) -> dict[str, An
     parallel_state.destroy_model_parallel()
 
     parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2)  # two pipeline stages
-    stages = [None, None]
-    dist.all_gather_object(stages, pipeline_stage(folder, hf_config, rank))
-    for stage in stages:
-        result.update(stage)
+    with open(f"{out}/pp-stage-{rank}.json", "w") as handle:  # files, not pickled objects on the wire
+        json.dump(pipeline_stage(folder, hf_config, rank), handle)
+    dist.barrier()
+    for stage in range(2):
+        with open(f"{out}/pp-stage-{stage}.json") as handle:
+            result.update(json.load(handle))
     return result
 
 

@@ -111,3 +111,26 @@ def test_pipeline_stages_split_the_layers_and_place_the_ends(tiny_model_dir: Pat
     assert not any(".layers.2." in n or ".layers.3." in n for n in (*first, *last))
     with pytest.raises(UnsupportedModelError, match="num_hidden_layers 4 is not divisible"):
         shard_for_pipeline(whole, config, 3, 0)
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_tensor_parallel_shards_unshard_to_the_whole_bit_for_bit(tiny_model_dir: Path, size: int) -> None:
+    from rl_train.engines.training.megatron.hf_bridge import (
+        shard_for_tensor_parallel,
+        unshard_tensor_parallel,
+    )
+
+    config = _config(tiny_model_dir)
+    whole = hf_to_megatron(load_file(str(tiny_model_dir / "model.safetensors")), config)
+    back = unshard_tensor_parallel([shard_for_tensor_parallel(whole, config, size, r) for r in range(size)], config)
+    assert back.keys() == whole.keys() and all(back[k].equal(whole[k]) for k in whole)
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_pipeline_stages_merge_to_the_whole_bit_for_bit(tiny_model_dir: Path, size: int) -> None:
+    from rl_train.engines.training.megatron.hf_bridge import merge_pipeline_stages, shard_for_pipeline
+
+    config = _config(tiny_model_dir)
+    whole = hf_to_megatron(load_file(str(tiny_model_dir / "model.safetensors")), config)
+    back = merge_pipeline_stages([shard_for_pipeline(whole, config, size, r) for r in range(size)], config)
+    assert back.keys() == whole.keys() and all(back[k].equal(whole[k]) for k in whole)

@@ -76,8 +76,9 @@ def test_distributed_optimizer_update_equals_hf_with_adam(one_rank: dict[str, An
     assert one_rank["param_diff_vs_hf"] < 1e-4, one_rank
 
 
-def test_two_tensor_parallel_ranks_give_the_hf_logits(two_ranks: dict[str, Any]) -> None:
+def test_two_tensor_parallel_ranks_give_the_hf_logits_and_export_the_hf_weights(two_ranks: dict[str, Any]) -> None:
     assert two_ranks["tp_logits_diff"] < 1e-5, two_ranks
+    assert two_ranks["tp_export_bit_exact"] is True, two_ranks  # gathered over TP, renamed, split
 
 
 def test_two_data_parallel_ranks_make_the_one_rank_update(
