@@ -6,7 +6,8 @@ only) and HF's gradients, the same for 1, 2 and 5 micro-batches; its distributed
 makes HF + torch Adam's update. World 2: two tensor-parallel ranks give HF's logits and,
 gathered, export HF's weights bit for bit; then, as
 two data-parallel ranks with half the batch each, the update of world 1; then, as two
-pipeline stages (p2p over gloo), HF's log-probs and each stage's share of HF's gradients. Rank 0 prints one
+pipeline stages (p2p over gloo), HF's log-probs, each stage's share of HF's gradients, and
+HF's weights gathered from both stages. Rank 0 prints one
 JSON line of measurements; the tests in ``test_megatron_cpu.py`` judge them.
 """
 
@@ -204,6 +205,10 @@ def pipeline_stage(folder: str, hf_config: dict, rank: int) -> dict[str, Any]:
     for param in model.parameters():
         param.grad = None
     forward_backward(model, data, loss_fn, TEMPERATURE, micro_batch_size=2)
+    exported, saved = export_hf_weights(model, hf_config), load_file(f"{folder}/model.safetensors")
+    out[f"pp_export_bit_exact_stage_{rank}"] = exported.keys() == saved.keys() and all(
+        exported[k].equal(saved[k]) for k in saved
+    )
     denominator = float(data["response_mask"].sum())
     layers = [n for n, _ in model.named_parameters() if n.startswith("decoder.")]
     grads = dict(model.named_parameters())

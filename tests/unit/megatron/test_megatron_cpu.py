@@ -95,3 +95,4 @@ def test_two_pipeline_stages_give_the_hf_log_probs_and_gradients(two_ranks: dict
     """Activations and their gradients cross the stages over gloo (one call per send)."""
     assert two_ranks["pp_log_prob_diff"] < 1e-5, two_ranks
     assert two_ranks["pp_grad_diff_stage_0"] < 1e-5 and two_ranks["pp_grad_diff_stage_1"] < 1e-5, two_ranks
+    assert two_ranks["pp_export_bit_exact_stage_0"] is True and two_ranks["pp_export_bit_exact_stage_1"] is True
