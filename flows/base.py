@@ -18,7 +18,7 @@ from rl_train.flows.checkpointing import DriverState, RunCheckpointer, read_driv
 from rl_train.flows.context import RunContext
 from rl_train.flows.resume import LEDGER_FILE, RunStart, checkpoint_store, open_run_files, plan_run_start
 from rl_train.flows.step import PhaseRunner, run_global_step, step_settings
-from rl_train.flows.ui import publish_run_end, publish_step, step_run_name
+from rl_train.flows.ui import end_stale_steps, publish_run_end, publish_step, step_run_name
 from rl_train.storage.builtin_data import write_builtin_task
 from rl_train.storage.checkpoint import CheckpointCorruptError, CheckpointError, CheckpointStore
 from rl_train.storage.dataset import PromptLoader, load_prompts
@@ -105,6 +105,7 @@ class BaseTrainer(ABC):
             if start.kind == "resume":
                 step = self._restore_newest(store, start.checkpoint_step) if start.checkpoint_step else 0
                 self._open_run_files(RunStart("resume", step), store)
+                end_stale_steps(step)  # a retried flow run: the killed attempt's steps, on its page
             attach_run(RunHandle(self.run_id, self.config, pools))
             self.metrics.write_text("config.yaml", config_to_yaml(self.config))
             self.checkpointer = RunCheckpointer.for_run(self.config, store)

@@ -157,3 +157,41 @@ def publish_run_end(run_name: str, run_dir: str) -> None:
             key=artifact_key(run_name, "reward-curve"),
             description=f"{run_name}: reward/mean per step and val/reward_mean at validation steps",
         )
+
+
+UNFINISHED_STATES = ("SCHEDULED", "PENDING", "RUNNING")
+
+
+def end_stale_steps(resumed_from: int) -> list[str]:
+    """A resumed training run (a retry of a killed one, in the same flow run) marks the step
+    sub-flows that the killed attempt left unfinished as Crashed, so that its page shows no
+    step still running. Called before this attempt starts any step, so every unfinished
+    child is the killed attempt's. Returns their names; outside a flow run, nothing."""
+    parent = _current_flow_run_id()
+    if parent is None:
+        return []
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    ended: list[str] = []
+    with _best_effort("the end of the killed attempt's steps"), get_client(sync_client=True) as client:
+        stale = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent]),
+                state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType(s) for s in UNFINISHED_STATES])
+                ),
+            )
+        )
+        for run in stale:
+            message = f"its process was killed; the run resumed from checkpoint {resumed_from}"
+            client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+            ended.append(run.name)
+    return ended

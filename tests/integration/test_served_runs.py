@@ -234,8 +234,9 @@ def test_a_killed_served_run_reaches_crashed_by_itself_and_a_retry_continues_at_
         ("step-2", "COMPLETED"),
         ("step-3", "COMPLETED"),
     ]
-    # The killed try's step 4 (left as it was when its process died), then the retry's.
+    # The killed try's step 4, which the retry marked Crashed before it began, then the retry's.
     assert [s.name.rsplit("/", 1)[-1] for s in steps[3:]] == ["step-4", "step-4", "step-5", "step-6"]
+    assert steps[3].state.is_crashed() and "resumed from checkpoint 3" in steps[3].state.message, steps[3].state
     assert all(s.state.is_completed() for s in steps[4:]), [s.state for s in steps]
 
 

@@ -1,0 +1,60 @@
+"""A retried training run marks the step sub-flows its killed attempt left running as Crashed
+(against Prefect's API; a real kill and retry is the slow served-run test)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import pytest
+from prefect import flow, task
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.context import FlowRunContext
+from prefect.states import Completed, Running, State
+
+from rl_train.flows.ui import end_stale_steps
+
+pytestmark = pytest.mark.integration
+
+
+@flow(name="rl-train-step")
+def _step() -> None:
+    """Stands in for a step sub-flow (only its runs are created here, never run)."""
+
+
+@task(name="step")
+def _step_task() -> None:
+    """The parent task run Prefect puts between a flow run and its sub-flow."""
+
+
+def _child(client: Any, parent: UUID, name: str, state: State) -> UUID:
+    """A flow run under the training run, as a step sub-flow is: through a parent task run."""
+    link = client.create_task_run(_step_task, flow_run_id=parent, dynamic_key=name, state=Running())
+    child = client.create_flow_run(_step, name=name, parent_task_run_id=link.id)
+    client.set_flow_run_state(child.id, state, force=True)
+    return child.id
+
+
+def test_a_resumed_run_ends_the_steps_its_killed_attempt_left_running(prefect_harness: None) -> None:
+    @flow(name="rl-train-resumed")
+    def resumed() -> dict[str, Any]:
+        parent = FlowRunContext.get().flow_run.id
+        with get_client(sync_client=True) as client:
+            done = _child(client, parent, "run/step-3", Completed())
+            stale = _child(client, parent, "run/step-4", Running())
+            ended = end_stale_steps(3)
+            return {
+                "ended": ended,
+                "done": client.read_flow_run(done).state.type,
+                "stale": client.read_flow_run(stale).state,
+            }
+
+    out = resumed()
+    assert out["ended"] == ["run/step-4"]
+    assert out["done"] == StateType.COMPLETED and out["stale"].type == StateType.CRASHED
+    assert "resumed from checkpoint 3" in out["stale"].message
+
+
+def test_outside_a_flow_run_nothing_is_asked() -> None:
+    assert end_stale_steps(5) == []
