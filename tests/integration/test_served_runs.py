@@ -20,7 +20,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -41,6 +40,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.deployments import run_deployment
 from serve_fixture import (
+    BIN,
     assert_every_step_once,
     kill_marked,
     resume_lines,
@@ -56,8 +56,6 @@ from rl_train.deployments.crash_detection import AUTOMATION_NAME, SILENCE_ENV, e
 from rl_train.flows.ui import artifact_key
 
 pytestmark = pytest.mark.integration
-
-BIN = Path(sys.executable).parent
 
 CRASH_TOTAL_STEPS = 6
 GROUPS_PER_STEP = 8
