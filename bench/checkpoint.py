@@ -43,6 +43,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -118,12 +119,14 @@ def fake_records(num_records: int) -> pa.Table:
 
 
 def write_store(store: CheckpointStore, step: int, state: BenchState) -> int:
-    """One checkpoint as the trainer writes it; the bytes written."""
-    parts = [
-        store.write_tensors(step, "actor/rank-0/model.safetensors", state.weights),
-        *store.write_state(step, "actor/rank-0/optimizer", state.optimizer),
-        store.write_table(step, "queue/records.parquet", state.records),
-    ]
+    """One checkpoint as the trainer writes it (parts at once, then the commit); the bytes written."""
+    parts = store.write_concurrently(
+        [
+            partial(store.write_tensors, step, "actor/rank-0/model.safetensors", state.weights),
+            partial(store.write_state, step, "actor/rank-0/optimizer", state.optimizer),
+            partial(store.write_table, step, "queue/records.parquet", state.records),
+        ]
+    )
     store.commit(step, parts, {"bench": True})
     return sum(part.size for part in parts)
 

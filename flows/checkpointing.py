@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from rl_train.config import Config
@@ -64,8 +65,12 @@ class RunCheckpointer:
 
         def finish() -> None:
             parts = pending.wait()
-            parts.append(self.store.write_json(step, DRIVER_STATE, driver.__dict__))
-            parts += [self.store.write_bytes(step, f"run/{name}", data) for name, data in run_files.items()]
+            parts += self.store.write_concurrently(
+                [
+                    partial(self.store.write_json, step, DRIVER_STATE, driver.__dict__),
+                    *(partial(self.store.write_bytes, step, f"run/{name}", data) for name, data in run_files.items()),
+                ]
+            )
             self.store.commit(step, parts, meta)
             self.saved.append(step)
             logger.info("checkpoint %s committed (%d files)", self.store.step_uri(step), len(parts))

@@ -30,8 +30,10 @@ import copy
 import io
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +116,7 @@ class CheckpointStore:
         self._open_steps: set[int] = set()
         """Steps found uncommitted: only this run's committer commits them, after their parts."""
         self._verified = VerifiedFiles()
+        self._check_lock = threading.Lock()
 
     def _forget(self, step: int) -> None:
         """Drop what is known of ``step``: its folder was deleted or moved, or is re-verified."""
@@ -125,7 +128,11 @@ class CheckpointStore:
         """A copy sent to another process asks the store afresh instead of trusting our memory."""
         state = self.__dict__.copy()
         state.update(_manifests={}, _open_steps=set(), _verified=VerifiedFiles())
+        del state["_check_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _check_lock=threading.Lock())
 
     def step_uri(self, step: int) -> str:
         return f"{self.root}/{step_dir_name(step)}"
@@ -142,13 +149,14 @@ class CheckpointStore:
         this instance, not at every part: the manifest is written only by the run's committer
         once every part is written, so a step found uncommitted stays so until this instance
         commits it (or, wrongly, another run sharing the root does: that is not caught here)."""
-        committed = step in self._manifests
-        if not committed and step not in self._open_steps:
-            try:
-                read_whole(self.fs, self._path(step, MANIFEST_NAME))
-                committed = True
-            except FileNotFoundError:
-                self._open_steps.add(step)
+        with self._check_lock:  # concurrent writes of one step ask once
+            committed = step in self._manifests
+            if not committed and step not in self._open_steps:
+                try:
+                    read_whole(self.fs, self._path(step, MANIFEST_NAME))
+                    committed = True
+                except FileNotFoundError:
+                    self._open_steps.add(step)
         if committed:
             raise CheckpointError(f"{self.step_uri(step)} is committed; a committed checkpoint is immutable")
 
@@ -197,6 +205,21 @@ class CheckpointStore:
         skeleton, tensors = pack_state(state)
         document = json.dumps({"format": STATE_FORMAT, "state": skeleton}, allow_nan=False)
         return [self.write_tensors(step, f"{relpath}.safetensors", tensors, {STATE_METADATA_KEY: document})]
+
+    def write_concurrently(self, writes: Sequence[Callable[[], PartEntry | list[PartEntry]]]) -> list[PartEntry]:
+        """Run several part writes at once (each a ``write_*`` call bound to its arguments) and
+        return their entries in the order given. On an object store each part is at least one
+        request, and a small checkpoint costs its requests' latency more than its bytes; on local
+        disk they run one after another (``Publisher.concurrent_writes``). Every write has ended
+        when this returns; the first error is raised after all of them."""
+        workers = min(len(writes), self._publisher.concurrent_writes)
+        if workers <= 1:
+            results = [write() for write in writes]
+        else:
+            with ThreadPoolExecutor(workers, "checkpoint-part") as pool:
+                futures = [pool.submit(write) for write in writes]
+            results = [future.result() for future in futures]
+        return [entry for result in results for entry in (result if isinstance(result, list) else [result])]
 
     def commit(self, step: int, parts: list[PartEntry], meta: dict[str, Any]) -> None:
         """Write the manifest listing ``parts`` and ``meta``, then prune. The manifest appears

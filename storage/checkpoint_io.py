@@ -67,6 +67,11 @@ class Publisher(Protocol):
     """How a written file appears under its final name, all at once or not at all, and how
     files and folders go away."""
 
+    concurrent_writes: int
+    """How many files are best written at once: one on local disk (a write is CPU-bound, and
+    checksums on a second core), several on an object store (a file is a request, and its
+    latency dominates a small file)."""
+
     def open(self, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
         """A handle to write ``path``; the file appears when the block exits without an error."""
         ...
@@ -82,6 +87,8 @@ class Publisher(Protocol):
 
 class LocalPublisher:
     """Write ``.<name>.<random>.tmp`` beside the target, then ``os.replace`` it into place."""
+
+    concurrent_writes = 1
 
     @contextlib.contextmanager
     def open(self, path: str) -> Iterator[BinaryIO]:
@@ -113,6 +120,8 @@ class LocalPublisher:
 class ObjectPublisher:
     """Object stores publish an object when its upload completes: write in place, and on an
     error abort the upload rather than complete it with what was written so far."""
+
+    concurrent_writes = 8
 
     def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
         self.fs = fs

@@ -6,7 +6,9 @@ returns their manifest entries; only those entries cross to the driver, never te
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,18 +69,21 @@ class CheckpointSnapshot:
     """A local HF directory of the policy (rank 0, when the checkpoint carries one)."""
 
     def write(self, store: CheckpointStore, step: int, prefix: str) -> list[PartEntry]:
-        parts = store.write_state(step, f"{prefix}/engine", self.state)
-        parts += store.write_state(step, f"{prefix}/rng", self.rng)
-        parts.append(store.write_json(step, f"{prefix}/worker.json", {"nonfinite_in_row": self.nonfinite_in_row}))
+        writes: list[Callable[[], PartEntry | list[PartEntry]]] = [
+            partial(store.write_state, step, f"{prefix}/engine", self.state),
+            partial(store.write_state, step, f"{prefix}/rng", self.rng),
+            partial(store.write_json, step, f"{prefix}/worker.json", {"nonfinite_in_row": self.nonfinite_in_row}),
+        ]
         if self.policy_dir is not None:
-            parts += upload_dir(store, step, "policy", self.policy_dir)
-        return parts
+            writes += upload_writes(store, step, "policy", self.policy_dir)
+        return store.write_concurrently(writes)
 
 
-def upload_dir(store: CheckpointStore, step: int, prefix: str, local: Path) -> list[PartEntry]:
-    """Every file under the local directory ``local``, put under ``prefix`` in checkpoint ``step``."""
+def upload_writes(store: CheckpointStore, step: int, prefix: str, local: Path) -> list[Callable[[], PartEntry]]:
+    """The writes that put every file under the local directory ``local`` under ``prefix`` in
+    checkpoint ``step`` (for ``CheckpointStore.write_concurrently``)."""
     return [
-        store.write_bytes(step, f"{prefix}/{path.relative_to(local).as_posix()}", path.read_bytes())
+        partial(store.write_bytes, step, f"{prefix}/{path.relative_to(local).as_posix()}", path.read_bytes())
         for path in sorted(local.rglob("*"))
         if path.is_file()
     ]

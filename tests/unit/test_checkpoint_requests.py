@@ -9,7 +9,10 @@ call s3fs makes counted by its API name.
 from __future__ import annotations
 
 import pickle
+import threading
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +221,54 @@ def test_prune_removes_what_a_killed_local_writer_left(tmp_path: Path) -> None:
     _checkpoint(store, 3)
     assert not torn.exists()
     assert store.complete_steps() == [3]
+
+
+def test_parts_written_concurrently_on_s3_ask_once_and_keep_their_order(
+    s3_root: tuple[str, dict[str, Any]],
+) -> None:
+    """On an object store the parts of one write go at once (a barrier that needs all three
+    inside it together would time out one at a time); the step is still asked about once, and
+    the entries come back in the order given."""
+    root, options = s3_root
+    store = CheckpointStore(root, storage_options=options)
+    together = threading.Barrier(3, timeout=10)
+
+    def part(name: str) -> Callable[[], PartEntry]:
+        def write() -> PartEntry:
+            together.wait()
+            return store.write_bytes(1, name, name.encode())
+
+        return write
+
+    with count_s3_requests(store.fs) as counts:
+        parts = store.write_concurrently([part("a.bin"), part("b.bin"), part("c.bin")])
+    assert [p.path for p in parts] == ["a.bin", "b.bin", "c.bin"]
+    assert counts == {"get_object": 1, "put_object": 3}
+    store.commit(1, parts, {})
+    assert store.read_bytes(1, "b.bin") == b"b.bin"
+
+
+def test_a_failed_concurrent_part_is_raised_after_the_others_end(s3_root: tuple[str, dict[str, Any]]) -> None:
+    root, options = s3_root
+    store = CheckpointStore(root, storage_options=options)
+
+    def broken() -> PartEntry:
+        raise OSError("disk on fire")
+
+    with pytest.raises(OSError, match="disk on fire"):
+        store.write_concurrently([broken, partial(store.write_bytes, 1, "late.bin", bytes(100_000))])
+    store.fs.invalidate_cache()
+    assert store.fs.exists(f"{store.step_uri(1)}/late.bin")  # it ended; nothing runs behind the caller
+
+
+def test_parts_on_local_disk_are_written_one_after_another(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    threads = []
+
+    def write(name: str) -> PartEntry:
+        threads.append(threading.current_thread())
+        return store.write_bytes(1, name, b"x")
+
+    parts = store.write_concurrently([partial(write, "a.bin"), partial(write, "b.bin")])
+    assert [p.path for p in parts] == ["a.bin", "b.bin"]
+    assert threads == [threading.main_thread()] * 2
