@@ -21,6 +21,7 @@ import ray
 
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
 from rl_train.engines.workers.critic_worker import CriticWorker
+from rl_train.engines.workers.named_actor import NamedActor
 from rl_train.engines.workers.queue_worker import GREEDY_PARTITION, QueueWorker
 from rl_train.engines.workers.ray_start import ensure_ray
 from rl_train.engines.workers.reward_worker import RewardWorker
@@ -161,6 +162,7 @@ class WorkerPools:
 
         try:
             tq = make(classes.queue, QUEUE_ACTOR, config.model_dump(mode="json"))
+            queue_by_name = NamedActor(QUEUE_ACTOR, ns)  # for actors Ray restarts (see named_actor)
             model_path = str(config.model.path)
             tool_env = config.rollout.tool_env.model_dump()
             rollouts = [
@@ -168,7 +170,7 @@ class WorkerPools:
                     classes.rollout,
                     f"rollout-{i}",
                     model_path,
-                    tq,
+                    queue_by_name,
                     config.run.seed + 1000 * i,
                     config.rollout.num_threads,
                     tool_env,
@@ -201,7 +203,7 @@ class WorkerPools:
                 for rank in range(world)
             ]
             rewards = [
-                make(classes.reward, f"reward-{i}", model_path, tq, max_restarts=REWARD_MAX_RESTARTS)
+                make(classes.reward, f"reward-{i}", model_path, queue_by_name, max_restarts=REWARD_MAX_RESTARTS)
                 for i in range(config.reward.num_workers)
             ]
             num_critics = num_critic_ranks(config.critic.model_dump())

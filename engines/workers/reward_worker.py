@@ -8,13 +8,14 @@ import ray
 
 from rl_train.engines.model.response_decoder import load_response_decoder
 from rl_train.engines.reward.rules import route_reward_fn
+from rl_train.engines.workers.named_actor import resolve_actor
 
 
 class RewardWorker:
     def __init__(self, model_path: str, tq: Any) -> None:
         self.decoder = load_response_decoder(model_path)  # transformers only where needed
         self.eos_token_id = self.decoder.eos_token_id
-        self.tq = tq
+        self.tq = resolve_actor(tq)
 
     def response_text(self, record: dict[str, Any]) -> str:
         """Only graded tokens (response_mask == 1) up to end of sequence are the model's answer."""

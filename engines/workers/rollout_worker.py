@@ -16,6 +16,7 @@ from rl_train.engines.weight_sync.base import WeightReceiver
 from rl_train.engines.weight_sync.boundaries import run_receiver
 from rl_train.engines.workers.checkpoint_io import rng_state, set_rng_state
 from rl_train.engines.workers.generation_loop import GenerationLoop
+from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
 
@@ -35,7 +36,7 @@ class RolloutWorker:
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         self.engine = build_rollout_engine(engine, model_path, seed=seed)
         self.tokenizer = self.engine.tokenizer
-        self.tq = tq
+        self.tq = resolve_actor(tq)
         self.receiver: WeightReceiver | None = None
         self.tool_latency = ToolEnvConfig(**(tool_env or {})).build()
         self.tool_calls = DelayedCalls()
