@@ -6,8 +6,18 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rl_train.algorithms.config import PolicyLossConfig
+from rl_train.algorithms.config import PolicyLossConfig, StrictModel
 from rl_train.engines.training.registry import TrainingEngineName
+
+
+class MegatronParallelConfig(StrictModel):
+    """``actor.megatron.*``: how the megatron engine lays its ranks out (data parallel is what
+    is left of ``actor.num_ranks``)."""
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Ranks that split each layer's weights (megatron-core tensor parallelism)."""
+    pipeline_parallel_size: int = Field(1, ge=1)
+    """Ranks that split the layers into stages (megatron-core pipeline parallelism)."""
 
 
 class ActorConfig(PolicyLossConfig):
@@ -45,6 +55,23 @@ class ActorConfig(PolicyLossConfig):
     """torch intra-op threads per rank."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype of the training engine."""
+    megatron: MegatronParallelConfig = MegatronParallelConfig()
+    """Tensor and pipeline parallel sizes of the megatron engine (``engine: megatron``)."""
+
+    @model_validator(mode="after")
+    def _parallel_layout_fits(self) -> ActorConfig:
+        model_parallel = self.megatron.tensor_parallel_size * self.megatron.pipeline_parallel_size
+        if model_parallel > 1 and self.engine != "megatron":
+            raise ValueError(
+                f"actor.megatron sets tensor x pipeline parallel {model_parallel} but actor.engine is "
+                f"{self.engine!r}; only engine megatron splits a model"
+            )
+        if self.num_ranks % model_parallel:
+            raise ValueError(
+                f"actor.num_ranks={self.num_ranks} is not divisible by actor.megatron.tensor_parallel_size x "
+                f"pipeline_parallel_size = {model_parallel}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _kl_needs_coef(self) -> ActorConfig:

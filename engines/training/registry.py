@@ -8,6 +8,7 @@ against it.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Protocol
 
@@ -34,8 +35,19 @@ def _build_torch(
     return TorchTrainingEngine(model_path, cfg, horizon_steps, temperature, seed)
 
 
+def _build_megatron(
+    model_path: str | Path, cfg: ActorConfig, horizon_steps: int, temperature: float, seed: int
+) -> TrainingEngine:
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        raise ModuleNotFoundError("actor.engine=megatron needs megatron-core: pip install 'rl-train[megatron]'")
+    from rl_train.engines.training.megatron.engine import MegatronTrainingEngine
+
+    return MegatronTrainingEngine(model_path, cfg, horizon_steps, temperature, seed)
+
+
 TRAINING_ENGINES: Registry[TrainingEngineBuilder] = Registry("training engine")
 TRAINING_ENGINES.register("torch")(_build_torch)
+TRAINING_ENGINES.register("megatron")(_build_megatron)
 
 
 def build_training_engine(

@@ -8,10 +8,12 @@ engine internals are tested in test_engines.py.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import itertools
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 import torch
@@ -31,9 +33,26 @@ from rl_train.engines.training.protocol import TrainingEngine
 from rl_train.engines.training.registry import TRAINING_ENGINES, build_training_engine
 from rl_train.storage.records import collate, scatter_response
 
+NEEDS = {"megatron": "megatron.core"}
+"""Engines whose backend is an optional extra: their cases are skipped, visibly, without it."""
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _params(*names: str) -> Any:
+    missing = [NEEDS[n] for n in names if n in NEEDS and not _installed(NEEDS[n])]
+    marks = [pytest.mark.skip(reason=f"{', '.join(missing)} is not installed")] if missing else []
+    return pytest.param(*names, marks=marks)
+
+
 ROLLOUT = ROLLOUT_ENGINES.names()
-TRAINING = TRAINING_ENGINES.names()
-PAIRS = list(itertools.product(TRAINING, ROLLOUT))
+TRAINING = [_params(name) for name in TRAINING_ENGINES.names()]
+PAIRS = [_params(t, r) for t, r in itertools.product(TRAINING_ENGINES.names(), ROLLOUT)]
 LONG = 240
 """A response budget far past what the tests wait for (the tiny policy has 256 positions)."""
 SLACK_BYTES = 64 << 10

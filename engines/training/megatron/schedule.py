@@ -47,6 +47,25 @@ def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: 
     return torch.nn.functional.pad(log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))
 
 
+def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy of the next-token distribution that produced position t, [B, T]; position 0 gets 0."""
+    log_probs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    return torch.nn.functional.pad(-(log_probs.exp() * log_probs).sum(-1), (1, 0))
+
+
+def token_outputs(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, vocab_size: int | None, with_entropy: bool
+) -> Batch:
+    """``log_probs`` (and ``entropy``) from the model's logits; columns past ``vocab_size`` (the
+    padding of a vocabulary split over tensor-parallel ranks) are dropped first."""
+    if vocab_size is not None:
+        logits = logits[..., :vocab_size]
+    out = {"log_probs": token_log_probs(logits, input_ids, temperature)}
+    if with_entropy:
+        out["entropy"] = token_entropy(logits, temperature)
+    return out
+
+
 def _logits(model: Any, micro_batch: Batch) -> torch.Tensor:
     input_ids = micro_batch["input_ids"]
     positions = torch.arange(input_ids.shape[1]).unsqueeze(0).expand_as(input_ids)
@@ -56,6 +75,8 @@ def _logits(model: Any, micro_batch: Batch) -> torch.Tensor:
 def _run(model: Any, micro_batches: list[Batch], forward_step: Any, forward_only: bool, **kwargs: Any) -> list[Any]:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    for micro_batch in micro_batches:
+        check_right_padded(micro_batch["attention_mask"])
     width = max(int(mb["input_ids"].shape[1]) for mb in micro_batches)
     iterator: Iterator[Batch] = iter(micro_batches)
     with megatron_on_this_device():
@@ -71,34 +92,52 @@ def _run(model: Any, micro_batches: list[Batch], forward_step: Any, forward_only
         )
 
 
+def _pad_to(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]))
+
+
 @torch.no_grad()
-def forward_log_probs(model: Any, batch: Batch, temperature: float, micro_batch_size: int) -> torch.Tensor | None:
-    """Per-token log-probs [B, T] of a right-padded batch, forward only, in eval mode; None on
-    a pipeline stage other than the last (only the last sees the logits). With pipeline
-    stages every micro-batch has the same shape: ``micro_batch_size`` must divide the rows."""
-    check_right_padded(batch["attention_mask"])
+def forward_log_probs(
+    model: Any,
+    micro_batches: list[Batch],
+    temperature: float,
+    vocab_size: int | None = None,
+    with_entropy: bool = False,
+) -> Batch | None:
+    """Per-token ``log_probs`` [B, T] (and ``entropy``) of right-padded micro-batches, forward
+    only, in eval mode, put back together at the widest one's width; None on a pipeline stage
+    other than the last (only the last sees the logits). With pipeline stages every
+    micro-batch must have the same shape."""
 
     def forward_step(data_iterator: Iterator[Batch], model: Any) -> tuple[torch.Tensor, Any]:
         micro_batch = next(data_iterator)
         logits = _logits(model, micro_batch)
 
-        def collect(output: torch.Tensor, non_loss_data: bool = True) -> torch.Tensor:
-            return token_log_probs(output, micro_batch["input_ids"], temperature)
+        def collect(output: torch.Tensor, non_loss_data: bool = True) -> Batch:
+            return token_outputs(output, micro_batch["input_ids"], temperature, vocab_size, with_entropy)
 
         return logits, collect
 
     model.eval()
-    parts = _run(model, split_batch(batch, micro_batch_size), forward_step, True, collect_non_loss_data=True)
-    return torch.cat(parts) if parts else None
+    parts = _run(model, micro_batches, forward_step, True, collect_non_loss_data=True)
+    if not parts:
+        return None
+    width = max(int(mb["input_ids"].shape[1]) for mb in micro_batches)
+    return {key: torch.cat([_pad_to(part[key], width) for part in parts]) for key in parts[0]}
 
 
 def forward_backward(
-    model: Any, batch: Batch, loss_fn: LossFn, temperature: float, micro_batch_size: int
+    model: Any,
+    micro_batches: list[Batch],
+    loss_fn: LossFn,
+    temperature: float,
+    vocab_size: int | None = None,
+    with_entropy: bool = False,
 ) -> tuple[float, float, dict[str, float]]:
     """Backpropagate every micro-batch's loss numerator through megatron's schedule; returns
-    (sum of numerators, sum of denominators, token-weighted metrics). Gradients are sums:
-    the caller divides them by the global denominator."""
-    check_right_padded(batch["attention_mask"])
+    (sum of numerators, sum of denominators, token-weighted metrics), all zero on a pipeline
+    stage other than the last. Gradients are sums: the caller divides them by the global
+    denominator."""
     model.config.calculate_per_token_loss = True
     totals = {"numerator": 0.0, "denominator": 0.0}
     weighted: dict[str, float] = {}
@@ -108,18 +147,18 @@ def forward_backward(
         logits = _logits(model, micro_batch)
 
         def loss(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-            outputs = {"log_probs": token_log_probs(output, micro_batch["input_ids"], temperature)}
+            outputs = token_outputs(output, micro_batch["input_ids"], temperature, vocab_size, with_entropy)
             numerator, denominator, metrics = loss_fn(outputs, micro_batch)
             totals["numerator"] += float(numerator.detach())
             totals["denominator"] += float(denominator)
             tokens = float(micro_batch["response_mask"].sum())
             for key, value in metrics.items():
                 weighted[key] = weighted.get(key, 0.0) + float(value) * tokens
-            return numerator, torch.tensor(int(round(float(denominator)))), {}
+            return numerator, torch.tensor(int(round(float(denominator)))), {}  # megatron counts in int
 
         return logits, loss
 
     model.train()
-    _run(model, split_batch(batch, micro_batch_size), forward_step, False)
-    tokens = max(float(batch["response_mask"].sum()), 1.0)
+    _run(model, micro_batches, forward_step, False)
+    tokens = max(sum(float(mb["response_mask"].sum()) for mb in micro_batches), 1.0)
     return totals["numerator"], totals["denominator"], {k: v / tokens for k, v in weighted.items()}

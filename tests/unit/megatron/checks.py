@@ -33,7 +33,12 @@ from rl_train.engines.training.megatron.hf_bridge import (
     transformer_config,
 )
 from rl_train.engines.training.megatron.optimizer import optimizer_step, wrap_for_training, zero_grads
-from rl_train.engines.training.megatron.schedule import forward_backward, forward_log_probs, token_log_probs
+from rl_train.engines.training.megatron.schedule import (
+    forward_backward,
+    forward_log_probs,
+    split_batch,
+    token_log_probs,
+)
 
 SETTINGS = {"lr": 1e-3, "weight_decay": 0.0, "betas": (0.9, 0.999), "grad_clip": 1.0}
 TEMPERATURE = 0.7
@@ -102,7 +107,7 @@ def update(model: Any, config: Any, data: dict[str, torch.Tensor], rank: int, wo
     share = data["input_ids"].shape[0] // world
     mine = {k: v[rank * share : (rank + 1) * share] for k, v in data.items()}
     zero_grads(ddp, optimizer)
-    _, denominator, _ = forward_backward(ddp, mine, loss_fn, TEMPERATURE, micro_batch_size=2)
+    _, denominator, _ = forward_backward(ddp, split_batch(mine, 2), loss_fn, TEMPERATURE)
     metrics = optimizer_step(ddp, optimizer, denominator)
     return metrics, {n.removeprefix("module."): p.detach().clone() for n, p in ddp.named_parameters()}
 
@@ -117,7 +122,7 @@ def one_rank(folder: str, hf_config: dict, out: str) -> dict[str, Any]:
     mask = data["attention_mask"]
     with torch.no_grad():
         want = hf_log_probs(reference.eval(), data)
-    got = forward_log_probs(model, data, TEMPERATURE, micro_batch_size=2)
+    got = forward_log_probs(model, split_batch(data, 2), TEMPERATURE)["log_probs"]
     result["log_prob_diff"] = ((got - want).abs() * mask).max().item()
 
     reference.train()
@@ -127,7 +132,7 @@ def one_rank(folder: str, hf_config: dict, out: str) -> dict[str, Any]:
     for cut in (1, 2, 5):
         for param in model.parameters():
             param.grad = None
-        _, denominator, _ = forward_backward(model, data, loss_fn, TEMPERATURE, micro_batch_size=cut)
+        _, denominator, _ = forward_backward(model, split_batch(data, cut), loss_fn, TEMPERATURE)
         grads[cut] = {n: p.grad / denominator for n, p in model.named_parameters()}
         result[f"denominator_{cut}"] = denominator
     result["grad_diff_vs_hf"] = max((grads[2][n] - want_grads[n]).abs().max().item() for n in want_grads)
@@ -193,8 +198,10 @@ def pipeline_stage(folder: str, hf_config: dict, rank: int) -> dict[str, Any]:
     data = batch(hf_config["vocab_size"])
     reference = hf_reference(folder)
     out: dict[str, Any] = {}
-    got = forward_log_probs(model, data, TEMPERATURE, micro_batch_size=2)
+    got = forward_log_probs(model, split_batch(data, 2), TEMPERATURE)
     if last:
+        assert got is not None
+        got = got["log_probs"]
         with torch.no_grad():
             want = hf_log_probs(reference.eval(), data)
         out["pp_log_prob_diff"] = ((got - want).abs() * data["attention_mask"]).max().item()
@@ -204,7 +211,7 @@ def pipeline_stage(folder: str, hf_config: dict, rank: int) -> dict[str, Any]:
     want_grads = shard_for_pipeline(hf_grads, hf_config, 2, rank)
     for param in model.parameters():
         param.grad = None
-    forward_backward(model, data, loss_fn, TEMPERATURE, micro_batch_size=2)
+    forward_backward(model, split_batch(data, 2), loss_fn, TEMPERATURE)
     exported, saved = export_hf_weights(model, hf_config), load_file(f"{folder}/model.safetensors")
     out[f"pp_export_bit_exact_stage_{rank}"] = exported.keys() == saved.keys() and all(
         exported[k].equal(saved[k]) for k in saved
