@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.megatron.cpu_compat import megatron_on_this_device
-from rl_train.engines.training.megatron.export import export_hf_weights, local_parameters
+from rl_train.engines.training.megatron.export import broadcast_json, export_hf_weights, local_parameters
 from rl_train.engines.training.megatron.hf_bridge import (
     build_gpt_model,
     check_supported,
@@ -204,6 +204,9 @@ class MegatronTrainingEngine:
         out = forward_log_probs(
             self.model, micro_batches, self.temperature, int(self.hf_config["vocab_size"]), with_entropy
         )
+        width = batch["input_ids"].shape[1]
+        if out is not None:  # as wide as the batch, whatever the widest micro-batch was
+            out = {key: torch.nn.functional.pad(value, (0, width - value.shape[1])) for key, value in out.items()}
         return self._from_last_stage(out, batch["input_ids"].shape, with_entropy)
 
     def _from_last_stage(self, out: Batch | None, shape: torch.Size, with_entropy: bool) -> Batch:
@@ -252,14 +255,15 @@ class MegatronTrainingEngine:
         the same on every rank (the sums come from the last pipeline stage)."""
         from megatron.core import parallel_state
 
+        if self.layout["pipeline_parallel"] > 1:  # only the last stage ran the loss: its names and sums
+            document = broadcast_json(
+                {"sums": [numerator, denominator], "metrics": metrics} if self.is_last_stage else None,
+                parallel_state.get_pipeline_model_parallel_last_rank(),
+                parallel_state.get_pipeline_model_parallel_group(),
+            )
+            (numerator, denominator), metrics = document["sums"], document["metrics"]
         names = sorted(metrics)
         sums = torch.tensor([numerator, denominator, *(metrics[n] for n in names)], dtype=torch.float64)
-        if self.layout["pipeline_parallel"] > 1:
-            dist.broadcast(
-                sums,
-                src=parallel_state.get_pipeline_model_parallel_last_rank(),
-                group=parallel_state.get_pipeline_model_parallel_group(),
-            )
         if self.dp_size > 1:
             dist.all_reduce(sums, group=parallel_state.get_data_parallel_group())
             sums[2:] /= self.dp_size

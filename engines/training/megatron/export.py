@@ -51,7 +51,7 @@ def gather_tensor_parallel(local: dict[str, torch.Tensor], hf_config: Any) -> di
     return unshard_tensor_parallel(shards, hf_config)
 
 
-def _broadcast_json(document: Any, src: int, group: Any) -> Any:
+def broadcast_json(document: Any, src: int, group: Any) -> Any:
     """``document`` from global rank ``src`` to every rank of ``group``, as UTF-8 JSON bytes."""
     if dist.get_rank() == src:
         data = torch.frombuffer(bytearray(json.dumps(document).encode()), dtype=torch.uint8)
@@ -78,7 +78,7 @@ def gather_pipeline_stages(stage_state: dict[str, torch.Tensor], hf_config: Any)
     for src in ranks:
         mine = dist.get_rank() == src
         layout = {n: [list(t.shape), str(t.dtype).removeprefix("torch.")] for n, t in stage_state.items()}
-        layout = _broadcast_json(layout if mine else None, src, group)
+        layout = broadcast_json(layout if mine else None, src, group)
         tensors = {}
         for name in sorted(layout):
             shape, dtype = layout[name]

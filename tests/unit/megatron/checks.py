@@ -7,12 +7,14 @@ makes HF + torch Adam's update. World 2: two tensor-parallel ranks give HF's log
 gathered, export HF's weights bit for bit; then, as
 two data-parallel ranks with half the batch each, the update of world 1; then, as two
 pipeline stages (p2p over gloo), HF's log-probs, each stage's share of HF's gradients, and
-HF's weights gathered from both stages. Rank 0 prints one
+HF's weights gathered from both stages; then the training engine itself under each layout
+(TP2, DP2, PP2) against the torch engine on one rank (``engine_layout``). Rank 0 prints one
 JSON line of measurements; the tests in ``test_megatron_cpu.py`` judge them.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -23,6 +25,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
+from rl_train.algorithms.actor_loss import build_actor_loss_fn
+from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.megatron.cpu_compat import megatron_on_this_device
 from rl_train.engines.training.megatron.export import export_hf_weights
 from rl_train.engines.training.megatron.hf_bridge import (
@@ -39,6 +43,8 @@ from rl_train.engines.training.megatron.schedule import (
     split_batch,
     token_log_probs,
 )
+from rl_train.engines.training.registry import build_training_engine
+from rl_train.storage.records import collate
 
 SETTINGS = {"lr": 1e-3, "weight_decay": 0.0, "betas": (0.9, 0.999), "grad_clip": 1.0}
 TEMPERATURE = 0.7
@@ -149,6 +155,86 @@ def one_rank(folder: str, hf_config: dict, out: str) -> dict[str, Any]:
     stepped = hf_to_megatron({n: p.detach() for n, p in reference.named_parameters()}, hf_config)
     result["param_diff_vs_hf"] = max((params[n] - stepped[n]).abs().max().item() for n in stepped)
     torch.save(params, f"{out}/megatron-1.pt")
+    torch_reference(folder, out)
+    return result
+
+
+ENGINE_LR = 1e-3
+ENGINE_STEPS = 2
+
+
+def engine_batch(tokenizer: Any, vocab: int) -> dict[str, torch.Tensor]:
+    """Eight trajectories of different lengths, as the trainer collates them (right-padded)."""
+    generator = torch.Generator().manual_seed(2)
+    records = []
+    for i in range(8):
+        prompt = torch.randint(3, vocab, (2 + i % 3,), generator=generator).tolist()
+        response = torch.randint(3, vocab, (3 + (5 * i) % 7,), generator=generator).tolist()
+        records.append(
+            {
+                "prompt_ids": [tokenizer.bos_token_id, *prompt],
+                "response_ids": response,
+                "old_log_probs": [-2.0] * len(response),
+                "advantages": [((i % 5) - 2) / 2.0] * len(response),
+            }
+        )
+    return collate(records, int(tokenizer.pad_token_id), ["old_log_probs", "advantages"])
+
+
+def torch_reference(folder: str, out: str) -> None:
+    """The torch engine (one rank) on the engine checks' batch: what every megatron layout must match."""
+    engine = build_training_engine("torch", folder, ActorConfig(lr=ENGINE_LR), 10, TEMPERATURE, seed=0)
+    data = engine_batch(engine.tokenizer, engine.model.config.vocab_size)
+    reference: dict[str, Any] = {"batch": data, "log_probs": engine.compute_log_probs(data)["log_probs"]}
+    steps = [engine.train_batch(data, build_actor_loss_fn(ActorConfig())) for _ in range(ENGINE_STEPS)]
+    reference["loss"] = torch.tensor([m["actor/loss"] for m in steps])
+    reference["grad_norm"] = torch.tensor([m["actor/grad_norm"] for m in steps])
+    reference["weights"] = dict(engine.export_weights())
+    torch.save(reference, f"{out}/torch-reference.pt")
+
+
+def engine_layout(folder: str, rank: int, layout: dict[str, int], out: str) -> dict[str, Any]:
+    """The megatron engine under ``layout`` (two ranks) against the torch engine's one rank:
+    log-probs, the losses, grad norms and weights of two updates (each data-parallel rank
+    training on its half of the batch), the pinned pi_old, every rank exporting the same
+    weights, and a state round trip that makes the same next update bit for bit."""
+    reference = torch.load(f"{out}/torch-reference.pt")
+    cfg = ActorConfig(engine="megatron", lr=ENGINE_LR, num_ranks=2, megatron=layout)
+    engine = build_training_engine("megatron", folder, cfg, 10, TEMPERATURE, seed=0)
+    data = reference["batch"]
+    rows = slice(None) if engine.dp_size == 1 else slice(engine.dp_rank, None, engine.dp_size)
+    mine = {key: value[rows] for key, value in data.items()}
+    result: dict[str, Any] = {}
+    mask = mine["attention_mask"].bool()
+    got = engine.compute_log_probs(mine)["log_probs"]
+    result["log_prob_diff"] = (got - reference["log_probs"][rows])[mask].abs().max().item()
+    before = got
+    engine.snapshot_pi_old()
+    loss_fn = build_actor_loss_fn(ActorConfig())
+    metrics = [engine.train_batch(mine, loss_fn) for _ in range(ENGINE_STEPS)]
+    result["loss_rel_diff"] = max(
+        abs(m["actor/loss"] - float(want)) / abs(float(want)) for m, want in zip(metrics, reference["loss"], strict=True)
+    )
+    result["grad_norm_rel_diff"] = max(
+        abs(m["actor/grad_norm"] - float(want)) / float(want)
+        for m, want in zip(metrics, reference["grad_norm"], strict=True)
+    )
+    result["pi_old_bit_exact"] = torch.equal(engine.compute_log_probs(mine, pi_old=True)["log_probs"], before)
+    engine.clear_pi_old()
+    exported = dict(engine.export_weights())
+    result["weight_diff"] = max((exported[n] - t).abs().max().item() for n, t in reference["weights"].items())
+    flat = torch.cat([exported[n].reshape(-1) for n in sorted(exported)])
+    others = [torch.empty_like(flat) for _ in range(2)]
+    dist.all_gather(others, flat)
+    result["ranks_export_the_same"] = all(torch.equal(other, flat) for other in others)
+    saved = copy.deepcopy(engine.state_dict())
+    again = build_training_engine("megatron", folder, cfg, 10, TEMPERATURE, seed=0)
+    again.load_state_dict(saved)
+    engine.train_batch(mine, loss_fn)
+    again.train_batch(mine, loss_fn)
+    result["resumed_bit_exact"] = all(
+        torch.equal(a, b) for (_, a), (_, b) in zip(engine.export_weights(), again.export_weights(), strict=True)
+    )
     return result
 
 
@@ -180,7 +266,27 @@ def two_ranks(folder: str, hf_config: dict, rank: int, out: str) -> dict[str, An
     for stage in range(2):
         with open(f"{out}/pp-stage-{stage}.json") as handle:
             result.update(json.load(handle))
+    parallel_state.destroy_model_parallel()
+
+    for name, layout in ENGINE_LAYOUTS.items():  # the engine itself sets megatron's groups up
+        checks = engine_layout(folder, rank, layout, out)
+        parallel_state.destroy_model_parallel()
+        gathered: list[Any] = [None, None]
+        with open(f"{out}/engine-{name}-{rank}.json", "w") as handle:
+            json.dump(checks, handle)
+        dist.barrier()
+        for other in range(2):
+            with open(f"{out}/engine-{name}-{other}.json") as handle:
+                gathered[other] = json.load(handle)
+        result[f"engine_{name}"] = gathered
     return result
+
+
+ENGINE_LAYOUTS = {
+    "tp2": {"tensor_parallel_size": 2},
+    "dp2": {},
+    "pp2": {"pipeline_parallel_size": 2},
+}
 
 
 def pipeline_stage(folder: str, hf_config: dict, rank: int) -> dict[str, Any]:
