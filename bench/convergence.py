@@ -49,6 +49,8 @@ VARIANTS = {
     # could teach it, and stalled below 0.9 (README, convergence figures).
     "gae": ["algorithm.adv_estimator=gae", "actor.policy_loss=vanilla", "actor.entropy_coeff=0.01"],
     "remax": ["algorithm.adv_estimator=remax", "actor.policy_loss=vanilla"],
+    # grpo on the megatron-core training engine (its CPU layer; rollout stays the built-in one).
+    "megatron": ["algorithm.adv_estimator=grpo", "actor.policy_loss=vanilla", "actor.engine=megatron"],
     # The trainer modes, with grpo + vanilla (and the async modes' default token-level IS).
     # separate_async does one mini-batch per local update (R-2.6); 4 local updates of 32
     # groups keep each optimizer step about as diverse as the demo's (64 prompts, 2 samples

@@ -50,7 +50,7 @@ class ActorConfig(PolicyLossConfig):
     ppo_mini_batch_size: int | None = Field(None, ge=1)
     """Prompt groups per optimizer step within an update (None: the whole batch, one step)."""
     num_ranks: int = Field(1, ge=1)
-    """Data-parallel training ranks (Ray actors joined by torch.distributed)."""
+    """Training ranks (Ray actors joined by torch.distributed): data-parallel ones, times actor.megatron's tensor x pipeline split."""
     num_threads: int = Field(2, ge=1)
     """torch intra-op threads per rank."""
     dtype: Literal["float32", "bfloat16"] = "float32"

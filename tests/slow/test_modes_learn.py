@@ -1,7 +1,8 @@
-"""Every trainer mode learns the demo task (single-digit sums) to a mean reward of 0.9.
+"""Every trainer mode, and grpo on the megatron-core training engine, learns the demo task
+(single-digit sums) to a mean reward of 0.9.
 
 The same runs as ``python -m rl_train.bench.convergence --variants grpo colocate_async
-separate_async`` (minutes each on two cores): select with ``-m slow``.
+separate_async megatron`` (minutes each on two cores): select with ``-m slow``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rl_train.bench.convergence import REPO, run_variant
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-@pytest.mark.parametrize("variant", ["grpo", "colocate_async", "separate_async"])
+@pytest.mark.parametrize("variant", ["grpo", "colocate_async", "separate_async", "megatron"])
 def test_mode_reaches_mean_reward_0_9(variant: str, tmp_path: Path) -> None:
     args = argparse.Namespace(
         config=str(REPO / "configs" / "arith-tiny.yaml"),

@@ -25,12 +25,24 @@ def test_torch_is_the_default_of_both_sections() -> None:
     ("override", "message"),
     [
         ("rollout.engine=sglang", "rollout.engine: unknown rollout engine 'sglang'; available: torch"),
-        ("actor.engine=megatron", "actor.engine: unknown training engine 'megatron'; available: torch"),
+        ("actor.engine=deepspeed", "actor.engine: unknown training engine 'deepspeed'; available: megatron, torch"),
+        (
+            "actor.megatron.tensor_parallel_size=2",
+            "actor.megatron sets tensor x pipeline parallel 2 but actor.engine is 'torch'",
+        ),
+        (
+            ["actor.engine=megatron", "actor.num_ranks=3", "actor.megatron.pipeline_parallel_size=2"],
+            "actor.num_ranks=3 is not divisible by actor.megatron.tensor_parallel_size x pipeline_parallel_size = 2",
+        ),
+        (
+            ["actor.engine=megatron", "actor.num_ranks=2", "actor.megatron.tensor_parallel_size=2"],
+            "a training run splits the megatron engine by data parallelism only",
+        ),
     ],
 )
-def test_an_unregistered_engine_fails_at_load_with_its_dotted_path(override: str, message: str) -> None:
+def test_an_unregistered_engine_fails_at_load_with_its_dotted_path(override: str | list[str], message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        load_config(overrides=[override])
+        load_config(overrides=[override] if isinstance(override, str) else override)
     assert message in str(err.value)
 
 
@@ -42,7 +54,7 @@ def test_builders_return_the_registered_engine(tiny_model_dir) -> None:
     assert training.temperature == 0.7
     with pytest.raises(UnknownNameError, match="unknown rollout engine 'nope'; available: torch"):
         build_rollout_engine("nope", tiny_model_dir)
-    with pytest.raises(UnknownNameError, match="unknown training engine 'nope'; available: torch"):
+    with pytest.raises(UnknownNameError, match="unknown training engine 'nope'; available: megatron, torch"):
         build_training_engine("nope", tiny_model_dir, ActorConfig(), 10)
 
 
@@ -54,6 +66,7 @@ def test_naming_an_engine_imports_no_engine_module() -> None:
     code = (
         "import sys; from rl_train.engines.training.config import ActorConfig; "
         "from rl_train.engines.rollout.registry import ROLLOUT_ENGINES; ActorConfig(engine='torch'); "
+        "ActorConfig(engine='megatron'); "
         "print(sorted(m for m in sys.modules if m.endswith(('torch_engine', 'sglang', 'megatron'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
