@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rl_train.algorithms.config import AlgorithmConfig, StrictModel
 from rl_train.engines.rollout.registry import RolloutEngineName
+from rl_train.engines.rollout.sglang.config import SglangConfig
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.critic_config import CriticConfig, check_critic_enable
@@ -99,6 +100,12 @@ class RolloutConfig(StrictModel):
     """How trained weights reach the rollout replicas."""
     tool_env: ToolEnvConfig = Field(default_factory=ToolEnvConfig)
     """Simulated tool call after each train trajectory (long-tail latency for agentic workloads)."""
+    sglang: SglangConfig = Field(default_factory=SglangConfig)
+    """The sglang server of engine sglang: attach or launch, timeouts, how weights reach it."""
+
+    def engine_options(self) -> dict[str, Any] | None:
+        """The chosen engine's own section, as its builder takes it (None: it has none)."""
+        return self.sglang.model_dump() if self.engine == "sglang" else None
 
     @field_validator("temperature")
     @classmethod

@@ -8,7 +8,7 @@ is one builder and one ``register`` line here; the conformance suite then runs a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from pydantic import AfterValidator
 
@@ -19,24 +19,44 @@ if TYPE_CHECKING:
 
 
 class RolloutEngineBuilder(Protocol):
-    def __call__(self, model_path: str | Path, *, seed: int, device: str) -> RolloutEngine: ...
+    def __call__(
+        self, model_path: str | Path, *, seed: int, device: str, options: dict[str, Any] | None
+    ) -> RolloutEngine: ...
 
 
-def _build_torch(model_path: str | Path, *, seed: int, device: str) -> RolloutEngine:
+def _build_torch(
+    model_path: str | Path, *, seed: int, device: str, options: dict[str, Any] | None
+) -> RolloutEngine:
     from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
 
     return TorchRolloutEngine(model_path, seed=seed, device=device)
 
 
+def _build_sglang(
+    model_path: str | Path, *, seed: int, device: str, options: dict[str, Any] | None
+) -> RolloutEngine:
+    """An sglang server over HTTP (``options``: a ``rollout.sglang`` dump); the device is the server's."""
+    from rl_train.engines.rollout.sglang.engine import SglangRolloutEngine
+
+    return SglangRolloutEngine(model_path, seed=seed, options=options)
+
+
 ROLLOUT_ENGINES: Registry[RolloutEngineBuilder] = Registry("rollout engine")
 ROLLOUT_ENGINES.register("torch")(_build_torch)
+ROLLOUT_ENGINES.register("sglang")(_build_sglang)
 
 
 def build_rollout_engine(
-    name: str, model_path: str | Path, *, seed: int = 0, device: str = "cpu"
+    name: str,
+    model_path: str | Path,
+    *,
+    seed: int = 0,
+    device: str = "cpu",
+    options: dict[str, Any] | None = None,
 ) -> RolloutEngine:
-    """The engine registered as ``name``, loaded from the HF-format policy at ``model_path``."""
-    return ROLLOUT_ENGINES.get(name)(model_path, seed=seed, device=device)
+    """The engine registered as ``name``, loaded from the HF-format policy at ``model_path``;
+    ``options``: the engine's own config section (``rollout.sglang`` for sglang)."""
+    return ROLLOUT_ENGINES.get(name)(model_path, seed=seed, device=device, options=options)
 
 
 def _known_rollout_engine(name: str) -> str:

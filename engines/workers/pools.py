@@ -165,6 +165,7 @@ class WorkerPools:
             queue_by_name = NamedActor(QUEUE_ACTOR, ns)  # for actors Ray restarts (see named_actor)
             model_path = str(config.model.path)
             tool_env = config.rollout.tool_env.model_dump()
+            rollout_options = config.rollout.engine_options()
             rollouts = [
                 make(
                     classes.rollout,
@@ -175,6 +176,7 @@ class WorkerPools:
                     config.rollout.num_threads,
                     tool_env,
                     config.rollout.engine,
+                    rollout_options,
                     max_concurrency=2,
                     max_restarts=ROLLOUT_MAX_RESTARTS,
                 )
@@ -198,6 +200,7 @@ class WorkerPools:
                     config.actor.kl_loss or config.algorithm.kl_in_reward,  # needs the reference model
                     tool_env,  # the spare rescue engine meets the same tools
                     config.rollout.engine,
+                    rollout_options,
                     groups={SYNC_GROUP: 1, CHECKPOINT_GROUP: 1},
                 )
                 for rank in range(world)

@@ -29,12 +29,14 @@ class RolloutWorker:
         num_threads: int,
         tool_env: dict[str, Any] | None = None,
         engine: str = "torch",
+        engine_options: dict[str, Any] | None = None,
     ) -> None:
         """``tool_env``: a ``rollout.tool_env`` dump; its tool call follows every train trajectory.
-        ``engine``: the registered rollout engine (``rollout.engine``)."""
+        ``engine``: the registered rollout engine (``rollout.engine``), built with ``engine_options``
+        (its own config section, ``rollout.sglang`` for sglang)."""
         torch.set_num_threads(num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
-        self.engine = build_rollout_engine(engine, model_path, seed=seed)
+        self.engine = build_rollout_engine(engine, model_path, seed=seed, options=engine_options)
         self.tokenizer = self.engine.tokenizer
         self.tq = resolve_actor(tq)
         self.receiver: WeightReceiver | None = None
@@ -218,7 +220,8 @@ class RolloutWorker:
         self.receiver = backend.build_receiver(descriptor)
 
     def close_receiver(self, final: bool = True) -> None:
-        """Stop background work and release the receiver's shared memory and sockets (idempotent).
+        """Stop background work and release the receiver's shared memory and sockets (idempotent);
+        ``final``, also the engine's own resources (an sglang replica's server).
 
         ``final=False``: the receiver is being reopened (a replica was revived), so background
         generation goes on once it is closed."""
@@ -230,6 +233,10 @@ class RolloutWorker:
         finally:
             if not final:
                 self.loop.release()
+            else:  # the run is over: an engine with a server of its own stops it
+                close = getattr(self.engine, "close", None)
+                if close is not None:
+                    close()
 
     def receive_weights(self, payload: Any, version: int, timeout_seconds: float) -> dict[str, float]:
         """Quiesce background generation, load ``version``, resume: partials continue under it."""

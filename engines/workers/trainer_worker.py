@@ -46,8 +46,10 @@ class TrainerWorker:
         with_reference: bool = False,
         tool_env: dict[str, Any] | None = None,
         rollout_engine: str = "torch",
+        rollout_options: dict[str, Any] | None = None,
     ) -> None:
-        """``rollout_engine``, ``tool_env``: what the spare rescue engine is built as and meets."""
+        """``rollout_engine`` (with ``rollout_options``), ``tool_env``: what the spare rescue
+        engine is built as and meets."""
         self.cfg = ActorConfig.model_validate(actor)
         torch.set_num_threads(self.cfg.num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
@@ -72,7 +74,7 @@ class TrainerWorker:
         self.sender: WeightSender | None = None
         self.model_path, self.seed = model_path, seed
         self.spare: Any = None
-        self.tool_env, self.rollout_engine = tool_env, rollout_engine
+        self.tool_env, self.rollout_engine, self.rollout_options = tool_env, rollout_engine, rollout_options
         self._frozen: tuple[int, list[tuple[str, torch.Tensor]]] = (-1, [])
         self._frozen_ready = threading.Condition()
         self._checkpoint: CheckpointSnapshot | None = None
@@ -183,6 +185,7 @@ class TrainerWorker:
                 self.cfg.num_threads,
                 self.tool_env,
                 engine=self.rollout_engine,
+                engine_options=self.rollout_options,
             )
         self.spare.wake_up()
         try:

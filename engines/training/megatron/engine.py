@@ -56,10 +56,13 @@ from rl_train.engines.training.snapshot import WeightSnapshots
 from rl_train.engines.training.torch_engine import lr_lambda
 
 warnings.filterwarnings("ignore", message="Apex is not installed")
+warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+warnings.filterwarnings("ignore", message="full scope is deprecated")
 warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated")
 warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
-"""megatron-core's own known noise on every step (its optimizer reads the grads of its shard
-views on purpose; it calls torch's older collective names), not the user's concern."""
+"""megatron-core's own known noise (at import: the optional fused kernels it falls back from, a
+config default it deprecates; on every step: its optimizer reads the grads of its shard views on
+purpose, and it calls torch's older collective names), not the user's concern."""
 
 HF_SIDE_FILES = ("config.json", "generation_config.json")
 """Files of the HF model directory that ``save_pretrained`` copies as they are."""

@@ -1,0 +1,95 @@
+"""Launching an sglang server for one rollout replica, and stopping it with everything it started.
+
+The server runs as ``python -m sglang.launch_server`` in a session of its own, on a free port
+of 127.0.0.1, fed token ids (``--skip-tokenizer-init``: the replica tokenizes) and able to
+give back its memory (``--enable-memory-saver``, for sleep and wake). ``stop`` ends the whole
+process group (the server's scheduler and detokenizer are its children), and a replica that
+dies without stopping it takes it along (the parent-death signal), so no process and no port
+outlives the replica.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rl_train.engines.rollout.sglang.client import RolloutServerError, SglangClient
+
+STOP_GRACE_S = 30.0
+
+
+_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
+PR_SET_PDEATHSIG = 1
+
+
+def _own_session_ended_with_parent() -> None:
+    """In the child before exec: a session (and process group) of its own, so that ``stop``
+    ends the server's whole tree; and SIGTERM when the replica's process dies, even by
+    SIGKILL, so that a killed actor leaves no server and no port behind (Linux)."""
+    os.setsid()
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LaunchedServer:
+    def __init__(self, model_path: str | Path, seed: int, extra_args: list[str], startup_timeout_s: float) -> None:
+        if importlib.util.find_spec("sglang") is None:
+            raise RolloutServerError(
+                "rollout.engine=sglang launches `python -m sglang.launch_server`, and sglang is not installed "
+                "(pip install 'rl-train[sglang]' on a GPU machine), or set rollout.sglang.url to a running server"
+            )
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", str(model_path), "--host", "127.0.0.1", "--port", str(self.port),
+            "--random-seed", str(seed), "--skip-tokenizer-init", "--enable-memory-saver",
+            *extra_args,
+        ]  # fmt: skip
+        self.process = subprocess.Popen(command, preexec_fn=_own_session_ended_with_parent)  # noqa: PLW1509
+        try:
+            self._wait_until_healthy(startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_healthy(self, timeout_s: float) -> None:
+        client = SglangClient(self.url, connect_timeout_s=2.0, request_timeout_s=10.0)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                code = self.process.poll()
+                if code is not None:
+                    raise RolloutServerError(f"the sglang server on port {self.port} exited with code {code} while starting")
+                if client.healthy():
+                    return
+                time.sleep(1.0)
+        finally:
+            client.close()
+        raise RolloutServerError(f"the sglang server on port {self.port} did not answer /health within {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after a grace period (idempotent)."""
+        if self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
