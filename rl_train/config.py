@@ -131,6 +131,8 @@ class RayConfig(StrictModel):
     """Ray cluster to join (e.g. ray://head:10001); None starts a local Ray."""
     num_cpus: int | None = Field(None, ge=1)
     """CPUs of the local Ray (None: all of this machine's)."""
+    spread: bool = False
+    """Spread each pool's actors over the cluster's nodes (Ray's SPREAD scheduling) instead of packing them onto few."""
 
 
 class Config(StrictModel):

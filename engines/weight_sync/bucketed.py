@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_train.engines.node_address import node_ip
 from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, NamedTensors
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.engines.weight_sync.stream import StreamSender
@@ -16,7 +17,7 @@ from rl_train.engines.weight_sync.wire import Deadline
 
 
 def build_stream_sender(cfg: WeightSyncConfig) -> StreamSender:
-    return StreamSender(cfg.transport, cfg.bucket_size_bytes, cfg.num_receivers, cfg.host)
+    return StreamSender(cfg.transport, cfg.bucket_size_bytes, cfg.num_receivers, cfg.host or node_ip())
 
 
 class BucketedSender:

@@ -24,8 +24,8 @@ class WeightSyncConfig(StrictModel):
     """Size of each of the two alternating bucket buffers; memory per side is about twice this."""
     num_receivers: int = Field(1, ge=1)
     """Rollout replicas that receive every sync (the flow sets it to the rollout pool size)."""
-    host: str = "127.0.0.1"
-    """Address the sender listens on and receivers dial (the training node's address across hosts)."""
+    host: str | None = None
+    """Address the sender listens on and receivers dial (None: the address of the node the sender runs on)."""
     delta_entries_per_flush: int = Field(1 << 20, ge=1)
     """`delta`: changed (index, value) entries per flush; flushes go by count, never by bytes (R-8.3)."""
     delta_threads: int = Field(2, ge=1)

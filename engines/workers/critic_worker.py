@@ -8,17 +8,16 @@ value loss. The critic ranks form their own torch.distributed group, apart from 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import ray
 import torch
-import torch.distributed as dist
 
 from rl_train.algorithms.critic_loss import build_critic_loss_fn, explained_variance
 from rl_train.engines.training.critic_config import CriticConfig
 from rl_train.engines.training.value_engine import TorchValueEngine
 from rl_train.engines.workers.checkpoint_io import CheckpointSnapshot, clone_state, rng_state, set_rng_state
+from rl_train.engines.workers.rendezvous import join_world, node_address
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 from rl_train.storage.records import collate, scatter_response
 
@@ -42,16 +41,28 @@ class CriticWorker:
         torch.set_num_threads(self.cfg.num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         self.rank, self.world_size = rank, world_size
-        if world_size > 1:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            dist.init_process_group(
-                "gloo", init_method=f"tcp://{dist_address}", rank=rank, world_size=world_size
-            )
-        self.engine = TorchValueEngine(model_path, self.cfg, seed)
-        self.pad_token_id = int(self.engine.tokenizer.pad_token_id)  # type: ignore[attr-defined]
+        self._engine_args = (model_path, seed)
+        self.engine: Any = None
         self.loss_fn = build_critic_loss_fn(self.cfg)
         self.tq = tq
         self._checkpoint: CheckpointSnapshot | None = None
+        if world_size == 1 or dist_address is not None:
+            self.start(dist_address)
+
+    def rendezvous_address(self) -> str:
+        """(rank 0) Where this pool's world meets: an address on this rank's node."""
+        return node_address()
+
+    def start(self, dist_address: str | None) -> None:
+        """Join the pool's world at ``dist_address`` (with several ranks), then build the engine."""
+        if self.engine is not None:
+            return
+        if self.world_size > 1:
+            assert dist_address is not None, "a rank of several needs the pool's rendezvous address"
+            join_world(dist_address, self.rank, self.world_size)
+        model_path, seed = self._engine_args
+        self.engine = TorchValueEngine(model_path, self.cfg, seed)
+        self.pad_token_id = int(self.engine.tokenizer.pad_token_id)  # type: ignore[attr-defined]
 
     def compute_values(self, partition: str, keys: list[str]) -> int:
         """(6) V_old of every response token of ``keys``, written as ``values`` on each record."""

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
 from rl_train.engines.workers.critic_worker import CriticWorker
@@ -71,14 +72,14 @@ def is_transient(exc: BaseException) -> bool:
     return find_cause(exc, TRANSIENT_ERRORS) is not None
 
 
+SPREAD_BUNDLE_CPUS = 0.01
+"""A ``ray.spread`` bundle's size: a bundle must hold some resource, and the actors placed in it
+ask for none (as every pool's actors do), so a token share of a CPU."""
+PLACEMENT_TIMEOUT_S = 120.0
+
+
 def run_namespace(run_id: str) -> str:
     return f"rl-train/{run_id}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -137,6 +138,8 @@ class WorkerPools:
     _incarnations: list[str] = field(default_factory=list, repr=False)
     """Each rollout replica's incarnation when last seen: a different one means Ray restarted it."""
     _sync_cfg: Any = field(default=None, repr=False)
+    _placement_groups: list[Any] = field(default_factory=list, repr=False)
+    """The SPREAD placement groups of ``ray.spread`` (removed at shutdown)."""
 
     @classmethod
     def create(cls, run_id: str, config: Any, classes: WorkerClasses | None = None) -> WorkerPools:
@@ -148,7 +151,21 @@ class WorkerPools:
         """
         classes = classes or WorkerClasses()
         ns = run_namespace(run_id)
-        common = {"namespace": ns, "num_cpus": 0, "lifetime": None}
+        common: dict[str, Any] = {"namespace": ns, "num_cpus": 0, "lifetime": None}
+        groups: list[Any] = []
+
+        def placed(count: int) -> list[dict[str, Any]]:
+            """Each actor's scheduling options: with ``ray.spread``, a bundle of a SPREAD
+            placement group per actor, so that a pool's actors go to different nodes."""
+            if not config.ray.spread or count < 2:
+                return [{} for _ in range(count)]
+            group = placement_group([{"CPU": SPREAD_BUNDLE_CPUS}] * count, strategy="SPREAD")
+            groups.append(group)
+            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+            return [
+                {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)}
+                for i in range(count)
+            ]
         created: list[Any] = []
         pools: WorkerPools | None = None
 
@@ -166,6 +183,7 @@ class WorkerPools:
             model_path = str(config.model.path)
             tool_env = config.rollout.tool_env.model_dump()
             rollout_options = config.rollout.engine_options()
+            rollout_places = placed(config.rollout.num_replicas)
             rollouts = [
                 make(
                     classes.rollout,
@@ -179,11 +197,12 @@ class WorkerPools:
                     rollout_options,
                     max_concurrency=2,
                     max_restarts=ROLLOUT_MAX_RESTARTS,
+                    **rollout_places[i],
                 )
                 for i in range(config.rollout.num_replicas)
             ]
             world = config.actor.num_ranks
-            address = f"127.0.0.1:{_free_port()}" if world > 1 else None
+            trainer_places = placed(world)
             trainers = [
                 make(
                     classes.trainer,
@@ -196,12 +215,13 @@ class WorkerPools:
                     config.rollout.temperature,
                     config.run.seed,
                     tq,
-                    address,
+                    None,  # joined below, at rank 0's address
                     config.actor.kl_loss or config.algorithm.kl_in_reward,  # needs the reference model
                     tool_env,  # the spare rescue engine meets the same tools
                     config.rollout.engine,
                     rollout_options,
                     groups={SYNC_GROUP: 1, CHECKPOINT_GROUP: 1},
+                    **trainer_places[rank],
                 )
                 for rank in range(world)
             ]
@@ -210,7 +230,6 @@ class WorkerPools:
                 for i in range(config.reward.num_workers)
             ]
             num_critics = num_critic_ranks(config.critic.model_dump())
-            critic_address = f"127.0.0.1:{_free_port()}" if num_critics > 1 else None
             critics = [
                 make(
                     classes.critic,
@@ -221,12 +240,16 @@ class WorkerPools:
                     config.critic.model_dump(),
                     config.run.seed,
                     tq,
-                    critic_address,
+                    None,  # joined below, at rank 0's address
                     groups={CHECKPOINT_GROUP: 1},
                 )
                 for rank in range(num_critics)
             ]
-            pools = cls(run_id, tq, rollouts, trainers, rewards, critics)
+            pools = cls(run_id, tq, rollouts, trainers, rewards, critics, _placement_groups=groups)
+            for ranks in (trainers, critics):  # each pool meets on its rank 0's node
+                if len(ranks) > 1:
+                    address = ray.get(ranks[0].rendezvous_address.remote())
+                    _wait([rank.start.remote(address) for rank in ranks])
             _wait([t.ping.remote() for t in (*trainers, *critics)])
             pools._incarnations = _wait([r.incarnation.remote() for r in rollouts])
             pools.open_weight_sync(config.rollout.weight_sync)
@@ -237,6 +260,9 @@ class WorkerPools:
             for handle in created:
                 with contextlib.suppress(Exception):
                     ray.kill(handle, no_restart=True)
+            for group in groups:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(group)
             raise
 
     @classmethod
@@ -532,6 +558,12 @@ class WorkerPools:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.get(ref, timeout=30)
 
+    def placement(self) -> dict[str, dict[str, str]]:
+        """Where each training rank and rollout replica runs: ``{name: {"node_id", "ip"}}``."""
+        named = {f"trainer-{i}": t for i, t in enumerate(self.trainers)}
+        named.update({f"rollout-{i}": r for i, r in enumerate(self.rollouts)})
+        return dict(zip(named, ray.get([actor.where.remote() for actor in named.values()]), strict=True))
+
     def shutdown(self) -> None:
         """Close weight-sync endpoints (shared memory, sockets), then kill every actor.
 
@@ -543,6 +575,9 @@ class WorkerPools:
         for actor in (*self.rollouts, *self.trainers, *self.critics, *self.rewards, self.tq):
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
+        for group in self._placement_groups:
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
 
 
 def num_critic_ranks(critic: dict[str, Any]) -> int:

@@ -47,6 +47,10 @@ class RolloutWorker:
         self._incarnation = uuid.uuid4().hex
         """New each time the actor is (re)constructed: how the pools notice a restart."""
 
+    def where(self) -> dict[str, str]:
+        """The node this actor runs on: Ray's id and address of it."""
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
+
     def incarnation(self) -> str:
         return self._incarnation
 

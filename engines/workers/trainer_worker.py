@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import threading
@@ -12,7 +11,6 @@ from typing import Any
 import fsspec
 import ray
 import torch
-import torch.distributed as dist
 
 from rl_train.algorithms.actor_loss import build_actor_loss_fn
 from rl_train.engines.training.config import ActorConfig
@@ -21,6 +19,7 @@ from rl_train.engines.training.registry import build_training_engine
 from rl_train.engines.weight_sync.base import WeightSender
 from rl_train.engines.weight_sync.boundaries import run_sender
 from rl_train.engines.workers.checkpoint_io import CheckpointSnapshot, clone_state, rng_state, set_rng_state
+from rl_train.engines.workers.rendezvous import join_world, node_address
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 from rl_train.storage.records import collate, scatter_response
 
@@ -49,25 +48,15 @@ class TrainerWorker:
         rollout_options: dict[str, Any] | None = None,
     ) -> None:
         """``rollout_engine`` (with ``rollout_options``), ``tool_env``: what the spare rescue
-        engine is built as and meets."""
+        engine is built as and meets. With several ranks and no ``dist_address`` the rank
+        waits for ``start`` (the pools pass rank 0's ``rendezvous_address`` to every rank)."""
         self.cfg = ActorConfig.model_validate(actor)
         torch.set_num_threads(self.cfg.num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         self.rank, self.world_size = rank, world_size
-        if world_size > 1:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            dist.init_process_group(
-                "gloo", init_method=f"tcp://{dist_address}", rank=rank, world_size=world_size
-            )
-        self.engine = build_training_engine(
-            self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed
-        )
-        self.reference = (
-            build_training_engine(self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed)
-            if with_reference
-            else None
-        )
-        self.pad_token_id = int(self.engine.tokenizer.pad_token_id)
+        self._engine_args = (model_path, horizon_steps, temperature, seed, with_reference)
+        self.engine: Any = None
+        self.reference: Any = None
         self.loss_fn = build_actor_loss_fn(self.cfg)
         self.nonfinite = NonFiniteStepGuard(self.cfg.max_nonfinite_steps_in_row)
         self.tq = tq
@@ -78,6 +67,33 @@ class TrainerWorker:
         self._frozen: tuple[int, list[tuple[str, torch.Tensor]]] = (-1, [])
         self._frozen_ready = threading.Condition()
         self._checkpoint: CheckpointSnapshot | None = None
+        if world_size == 1 or dist_address is not None:
+            self.start(dist_address)
+
+    def where(self) -> dict[str, str]:
+        """The node this actor runs on: Ray's id and address of it."""
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
+
+    def rendezvous_address(self) -> str:
+        """(rank 0) Where this pool's world meets: an address on this rank's node."""
+        return node_address()
+
+    def start(self, dist_address: str | None) -> None:
+        """Join the pool's world at ``dist_address`` (with several ranks), then build the engines
+        (a megatron engine sets its groups up in that world)."""
+        if self.engine is not None:
+            return
+        if self.world_size > 1:
+            assert dist_address is not None, "a rank of several needs the pool's rendezvous address"
+            join_world(dist_address, self.rank, self.world_size)
+        model_path, horizon_steps, temperature, seed, with_reference = self._engine_args
+        self.engine = build_training_engine(self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed)
+        self.reference = (
+            build_training_engine(self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed)
+            if with_reference
+            else None
+        )
+        self.pad_token_id = int(self.engine.tokenizer.pad_token_id)
 
     def _records(self, partition: str, keys: list[str], fields: list[str]) -> list[dict[str, Any]]:
         return ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS + fields)) if keys else []

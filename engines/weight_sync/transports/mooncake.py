@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rl_train.engines.node_address import is_loopback, node_ip
 from rl_train.engines.weight_sync.errors import TransportError, WireFormatError
 from rl_train.engines.weight_sync.wire import Deadline
 
@@ -140,7 +141,8 @@ class Sender:
 
 class Receiver:
     def __init__(self, descriptor: dict[str, Any]) -> None:
-        host = descriptor.get("host", "127.0.0.1")
+        sender = descriptor.get("host", "127.0.0.1")
+        host = sender if is_loopback(sender) else node_ip()  # this receiver's own node, as peers reach it
         self._host = host
         self._engine = _start_engine(host)
         size = descriptor["bucket_size_bytes"]
