@@ -24,7 +24,7 @@ def test_torch_is_the_default_of_both_sections() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("rollout.engine=sglang", "rollout.engine: unknown rollout engine 'sglang'; available: torch"),
+        ("rollout.engine=vllm", "rollout.engine: unknown rollout engine 'vllm'; available: sglang, torch"),
         ("actor.engine=deepspeed", "actor.engine: unknown training engine 'deepspeed'; available: megatron, torch"),
         (
             "actor.megatron.tensor_parallel_size=2",
@@ -52,7 +52,7 @@ def test_builders_return_the_registered_engine(tiny_model_dir) -> None:
     assert isinstance(rollout, TorchRolloutEngine) and isinstance(rollout, RolloutEngine)
     assert isinstance(training, TorchTrainingEngine) and isinstance(training, TrainingEngine)
     assert training.temperature == 0.7
-    with pytest.raises(UnknownNameError, match="unknown rollout engine 'nope'; available: torch"):
+    with pytest.raises(UnknownNameError, match="unknown rollout engine 'nope'; available: sglang, torch"):
         build_rollout_engine("nope", tiny_model_dir)
     with pytest.raises(UnknownNameError, match="unknown training engine 'nope'; available: megatron, torch"):
         build_training_engine("nope", tiny_model_dir, ActorConfig(), 10)
