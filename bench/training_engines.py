@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
             name: build_training_engine(name, model_dir, ActorConfig(engine=name, lr=1e-5), 100)
             for name in ("torch", "megatron")
         }
+        devices = {  # the torch engine keeps the policy on the host for now; megatron takes CUDA when it can
+            "torch": str(next(engines["torch"].model.parameters()).device),  # type: ignore[attr-defined]
+            "megatron": str(engines["megatron"].device),  # type: ignore[attr-defined]
+        }
         tokenizer = engines["torch"].tokenizer
         vocab = int(engines["torch"].model.config.vocab_size)  # type: ignore[attr-defined]
         data = batch(args.rows, args.length, vocab, int(tokenizer.bos_token_id), int(tokenizer.pad_token_id))
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     print(f"training tokens/s on {device}: {args.rows} rows x {args.length} tokens, {tokens:.0f} response tokens per step")
     for name, seconds in best.items():
-        print(f"  {name:<9} {tokens / seconds:>12.0f} tokens/s   {seconds * 1000:8.1f} ms/step")
+        where = devices[name]
+        print(f"  {name:<9} {tokens / seconds:>12.0f} tokens/s   {seconds * 1000:8.1f} ms/step   on {where}")
     print(f"  megatron / torch: {best['torch'] / best['megatron']:.2f}")
 
 

@@ -1,13 +1,53 @@
 #!/usr/bin/env bash
-# On a machine with a CUDA GPU: install with the CUDA extras that exist today and run the
-# gpu-marked tests plus the weight-sync conformance suite and benchmark (NCCL, CUDA tensors).
-# Everything here is skipped or not installed on CPU-only machines and in CI.
-set -euo pipefail
+# The device check: one command for a machine with one NVIDIA GPU and no internet.
+#
+#   bash scripts/gpu_check.sh [WHEELS_DIR]
+#
+# The packages it needs (a CUDA torch, megatron-core, sglang, the CUDA Mooncake wheel) are
+# preinstalled in .venv or carried in as wheels in WHEELS_DIR (installed with --no-index: this
+# script never reaches the network). It runs, each step on its own so that one failure does not
+# hide the others:
+#   - the gpu-marked tests: NCCL weight sync, Mooncake over RDMA, the delta diff on the device,
+#     the megatron engine on CUDA, the sglang backend on a launched sglang server;
+#   - the engine and weight-sync conformance suites with CUDA visible;
+#   - the benchmarks: training tokens/s torch vs megatron, weight sync delta vs full with the
+#     diff on the device.
+# and writes one summary table (gpu_check_summary.md, printed at the end): each step, its
+# status, and its figures. Steps whose packages are missing are reported as skipped, by name.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q -e '.[test]' torch
+OUT="${GPU_CHECK_OUT:-gpu_check_out}"
+mkdir -p "$OUT"
+PY=.venv/bin/python
+[ -x "$PY" ] || python3 -m venv .venv
+if [ "${1:-}" != "" ]; then
+  "$PY" -m pip install -q --no-index --find-links "$1" -e '.[test]' megatron-core sglang mooncake-transfer-engine || true
+fi
 export RAY_AUTH_MODE=disabled
-.venv/bin/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible'; print(torch.cuda.get_device_name(0))"
-.venv/bin/python -m pytest -q -m gpu tests
-.venv/bin/python -m pytest -q tests/unit/weight_sync
-.venv/bin/python -m rl_train.bench.weight_sync --size-mb 256
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible'; print(torch.cuda.get_device_name(0))" \
+  | tee "$OUT/device.txt" || { echo "no CUDA device: nothing to check" >&2; exit 1; }
+
+SUMMARY="$OUT/gpu_check_summary.md"
+printf '| step | status | figures |\n| --- | --- | --- |\n' > "$SUMMARY"
+
+step() {  # step NAME FIGURE_PATTERN COMMAND...
+  local name="$1" pattern="$2"
+  shift 2
+  local log="$OUT/$name.log"
+  echo "== $name"
+  "$@" > "$log" 2>&1
+  local status=$?
+  local verdict="passed"
+  if [ $status -eq 5 ]; then verdict="nothing collected"; elif [ $status -ne 0 ]; then verdict="**failed** ($status)"; fi
+  local figures
+  figures=$(grep -E "$pattern" "$log" | tail -6 | sed 's/|/\\|/g' | tr '\n' ';' | sed 's/;$//; s/;/<br>/g')
+  printf '| %s | %s | %s |\n' "$name" "$verdict" "$figures" >> "$SUMMARY"
+}
+
+step gpu-tests "passed|failed|skipped" "$PY" -m pytest -q -rs -m gpu tests
+step conformance "passed|failed|skipped" "$PY" -m pytest -q tests/unit/test_engine_conformance.py tests/unit/weight_sync
+step bench-training-engines "tokens/s|megatron / torch" "$PY" -m rl_train.bench.training_engines --rows 64 --length 256
+step bench-weight-sync "delta|full|MB/s" "$PY" -m rl_train.bench.weight_sync --size-mb 256
+
+echo
+cat "$SUMMARY"

@@ -18,10 +18,10 @@ from rl_train.engines.node_address import is_loopback, node_address
 __all__ = ["join_world", "node_address"]
 
 
-def join_world(address: str, rank: int, world_size: int) -> None:
-    """Join the gloo world of ``world_size`` ranks that meets at ``address`` (rank 0 serves it).
+def join_world(address: str, rank: int, world_size: int, backend: str = "gloo") -> None:
+    """Join the world of ``world_size`` ranks that meets at ``address`` (rank 0 serves it).
     Over loopback gloo is pinned to the loopback device; otherwise it uses the interface
     that reaches the node's address."""
     if is_loopback(address.rsplit(":", 1)[0]):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=rank, world_size=world_size)
+    dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size)

@@ -85,7 +85,9 @@ class TrainerWorker:
             return
         if self.world_size > 1:
             assert dist_address is not None, "a rank of several needs the pool's rendezvous address"
-            join_world(dist_address, self.rank, self.world_size)
+            # megatron on CUDA keeps its tensors there: NCCL; the torch engine's are on the host: gloo
+            on_gpu = self.cfg.engine == "megatron" and torch.cuda.is_available()
+            join_world(dist_address, self.rank, self.world_size, "nccl" if on_gpu else "gloo")
         model_path, horizon_steps, temperature, seed, with_reference = self._engine_args
         self.engine = build_training_engine(self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed)
         self.reference = (

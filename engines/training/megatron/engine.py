@@ -92,7 +92,8 @@ def ensure_parallel_state(tensor_parallel: int, pipeline_parallel: int) -> None:
     from megatron.core import parallel_state
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     world = dist.get_world_size()
     if world % (tensor_parallel * pipeline_parallel):
         raise ValueError(
@@ -143,6 +144,7 @@ class MegatronTrainingEngine:
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "data_parallel": self.dp_size}
         self.is_last_stage = self.pp_rank == pp - 1
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         torch.manual_seed(seed)
         with megatron_on_this_device():
@@ -185,7 +187,11 @@ class MegatronTrainingEngine:
     # -- passes ---------------------------------------------------------------------------
     def _micro_batches(self, batch: Batch, rows: int | None) -> list[Batch]:
         """Consecutive micro-batches as the torch engine cuts them, each trimmed to its own
-        longest row; with pipeline stages every one has the same shape (p2p sends one)."""
+        longest row; with pipeline stages every one has the same shape (p2p sends one). On
+        the engine's device."""
+        return [{k: v.to(self.device) for k, v in micro.items()} for micro in self._cut(batch, rows)]
+
+    def _cut(self, batch: Batch, rows: int | None) -> list[Batch]:
         if self.layout["pipeline_parallel"] > 1:
             size = rows or batch["input_ids"].shape[0]
             if batch["input_ids"].shape[0] % size:
@@ -210,7 +216,7 @@ class MegatronTrainingEngine:
         width = batch["input_ids"].shape[1]
         if out is not None:  # as wide as the batch, whatever the widest micro-batch was
             out = {key: torch.nn.functional.pad(value, (0, width - value.shape[1])) for key, value in out.items()}
-        return self._from_last_stage(out, batch["input_ids"].shape, with_entropy)
+        return {key: value.cpu() for key, value in self._from_last_stage(out, batch["input_ids"].shape, with_entropy).items()}
 
     def _from_last_stage(self, out: Batch | None, shape: torch.Size, with_entropy: bool) -> Batch:
         """The last pipeline stage's outputs on every stage (one broadcast per field)."""
@@ -222,7 +228,7 @@ class MegatronTrainingEngine:
         keys = ["log_probs", "entropy"] if with_entropy else ["log_probs"]
         result = {}
         for key in keys:
-            tensor = out[key].contiguous() if out is not None else torch.empty(shape, dtype=torch.float32)
+            tensor = out[key].contiguous() if out is not None else torch.empty(shape, dtype=torch.float32, device=self.device)
             dist.broadcast(
                 tensor,
                 src=parallel_state.get_pipeline_model_parallel_last_rank(),
@@ -268,7 +274,9 @@ class MegatronTrainingEngine:
         names = sorted(metrics)
         sums = torch.tensor([numerator, denominator, *(metrics[n] for n in names)], dtype=torch.float64)
         if self.dp_size > 1:
-            dist.all_reduce(sums, group=parallel_state.get_data_parallel_group())
+            on_device = sums.to(self.device)
+            dist.all_reduce(on_device, group=parallel_state.get_data_parallel_group())
+            sums = on_device.cpu()
             sums[2:] /= self.dp_size
         out = {name: float(value) for name, value in zip(names, sums[2:], strict=True)}
         out["actor/loss"] = float(sums[0]) / max(float(sums[1]), 1.0)

@@ -51,18 +51,26 @@ def gather_tensor_parallel(local: dict[str, torch.Tensor], hf_config: Any) -> di
     return unshard_tensor_parallel(shards, hf_config)
 
 
+def comm_device() -> torch.device:
+    """Where tensors for a collective must be: CUDA under NCCL, the host under gloo."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def broadcast_json(document: Any, src: int, group: Any) -> Any:
     """``document`` from global rank ``src`` to every rank of ``group``, as UTF-8 JSON bytes."""
+    device = comm_device()
     if dist.get_rank() == src:
-        data = torch.frombuffer(bytearray(json.dumps(document).encode()), dtype=torch.uint8)
-        length = torch.tensor([data.numel()], dtype=torch.int64)
+        data = torch.frombuffer(bytearray(json.dumps(document).encode()), dtype=torch.uint8).to(device)
+        length = torch.tensor([data.numel()], dtype=torch.int64, device=device)
     else:
-        length = torch.zeros(1, dtype=torch.int64)
+        length = torch.zeros(1, dtype=torch.int64, device=device)
     dist.broadcast(length, src=src, group=group)
     if dist.get_rank() != src:
-        data = torch.empty(int(length[0]), dtype=torch.uint8)
+        data = torch.empty(int(length[0]), dtype=torch.uint8, device=device)
     dist.broadcast(data, src=src, group=group)
-    return json.loads(bytes(data.tolist()).decode())
+    return json.loads(bytes(data.cpu().tolist()).decode())
 
 
 def gather_pipeline_stages(stage_state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
@@ -82,7 +90,11 @@ def gather_pipeline_stages(stage_state: dict[str, torch.Tensor], hf_config: Any)
         tensors = {}
         for name in sorted(layout):
             shape, dtype = layout[name]
-            tensor = stage_state[name].contiguous() if mine else torch.empty(shape, dtype=getattr(torch, dtype))
+            tensor = (
+                stage_state[name].contiguous()
+                if mine
+                else torch.empty(shape, dtype=getattr(torch, dtype), device=comm_device())
+            )
             dist.broadcast(tensor, src=src, group=group)
             tensors[name] = tensor
         stages.append(tensors)

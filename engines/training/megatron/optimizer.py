@@ -70,7 +70,9 @@ def optimizer_step(ddp: Any, optimizer: Any, local_denominator: float) -> dict[s
     from megatron.core.distributed import finalize_model_grads
 
     with megatron_on_this_device():
-        finalize_model_grads([ddp], num_tokens=torch.tensor(float(local_denominator), dtype=torch.float32))
+        device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+        tokens = torch.tensor(float(local_denominator), dtype=torch.float32, device=device)
+        finalize_model_grads([ddp], num_tokens=tokens)
         updated, grad_norm, _ = optimizer.step()
     norm = float(grad_norm) if grad_norm is not None else float("nan")
     return {"actor/grad_norm": norm, "actor/nonfinite_steps": 0.0 if updated else 1.0}
