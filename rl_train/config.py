@@ -164,14 +164,6 @@ class Config(StrictModel):
     @model_validator(mode="after")
     def _check_consistency(self) -> Config:
         t = self.trainer
-        megatron = self.actor.megatron
-        if megatron.tensor_parallel_size * megatron.pipeline_parallel_size > 1:
-            raise ValueError(
-                f"actor.megatron: tensor_parallel_size={megatron.tensor_parallel_size}, pipeline_parallel_size="
-                f"{megatron.pipeline_parallel_size}: a training run splits the megatron engine by data parallelism "
-                "only (actor.num_ranks) for now; its weight sync and policy export run on rank 0 alone, and a "
-                "split model needs every rank to take part"
-            )
         if t.train_batch_size % t.parameter_sync_step:
             raise ValueError(
                 f"trainer.train_batch_size ({t.train_batch_size}) must be divisible by "

@@ -99,9 +99,12 @@ class PendingPush:
 
     metrics_ref: Any
     receive_refs: list[Any]
+    peer_refs: list[Any] = field(default_factory=list)
+    """The other model-parallel ranks' share of rank 0's export (a split model)."""
 
     def wait(self) -> dict[str, float]:
         metrics = dict(ray.get(self.metrics_ref))
+        ray.get(self.peer_refs)
         for replica_metrics in ray.get(self.receive_refs):
             for key, value in replica_metrics.items():
                 metrics[key] = max(metrics.get(key, 0.0), value)
@@ -140,6 +143,21 @@ class WorkerPools:
     _sync_cfg: Any = field(default=None, repr=False)
     _placement_groups: list[Any] = field(default_factory=list, repr=False)
     """The SPREAD placement groups of ``ray.spread`` (removed at shutdown)."""
+    _dp_ranks: list[int] = field(default_factory=list, repr=False)
+    """Each training rank's data-parallel index: the ranks that split one model share a batch shard."""
+    _split_model: bool = field(default=False, repr=False)
+    """The model is split over the training ranks (tensor or pipeline parallel): every export of
+    rank 0 is a collective that the other ranks join."""
+
+    @property
+    def export_peers(self) -> list[Any]:
+        """The training ranks that join rank 0's exports (none unless the model is split)."""
+        return self.trainers[1:] if self._split_model else []
+
+    def _by_data_rank(self, shards: list[Any]) -> list[tuple[Any, Any]]:
+        """(rank, its shard): a shard per data-parallel index, shared by the ranks of one model."""
+        dp_ranks = self._dp_ranks or list(range(len(self.trainers)))
+        return [(rank, shards[dp]) for rank, dp in zip(self.trainers, dp_ranks, strict=True)]
 
     @classmethod
     def create(cls, run_id: str, config: Any, classes: WorkerClasses | None = None) -> WorkerPools:
@@ -245,11 +263,15 @@ class WorkerPools:
                 )
                 for rank in range(num_critics)
             ]
-            pools = cls(run_id, tq, rollouts, trainers, rewards, critics, _placement_groups=groups)
+            split = config.actor.megatron.tensor_parallel_size * config.actor.megatron.pipeline_parallel_size
+            pools = cls(
+                run_id, tq, rollouts, trainers, rewards, critics, _placement_groups=groups, _split_model=split > 1
+            )
             for ranks in (trainers, critics):  # each pool meets on its rank 0's node
                 if len(ranks) > 1:
                     address = ray.get(ranks[0].rendezvous_address.remote())
                     _wait([rank.start.remote(address) for rank in ranks])
+            pools._dp_ranks = _wait([t.data_parallel_rank.remote() for t in trainers])
             _wait([t.ping.remote() for t in (*trainers, *critics)])
             pools._incarnations = _wait([r.incarnation.remote() for r in rollouts])
             pools.open_weight_sync(config.rollout.weight_sync)
@@ -352,14 +374,15 @@ class WorkerPools:
 
     def balance(self, batch_id: str) -> dict[str, float]:
         """Split the batch across DP ranks by tokens, in the queue actor."""
-        return dict(ray.get(self.tq.balance_batch.remote(batch_id, len(self.trainers))))
+        parts = max(self._dp_ranks, default=len(self.trainers) - 1) + 1
+        return dict(ray.get(self.tq.balance_batch.remote(batch_id, parts)))
 
     def compute_log_probs(self, batch_id: str, out_field: str, reference: bool) -> None:
         shards = self.batch(batch_id, ["shards"])["shards"]
         _wait(
             [
                 rank.compute_log_probs.remote("train", shard, out_field, reference)
-                for rank, shard in zip(self.trainers, shards, strict=True)
+                for rank, shard in self._by_data_rank(shards)
             ]
         )
 
@@ -412,7 +435,7 @@ class WorkerPools:
         per_rank = _wait(
             [
                 rank.update.remote("train", shard, num_mini_batches)
-                for rank, shard in zip(self.trainers, shards, strict=True)
+                for rank, shard in self._by_data_rank(shards)
             ]
         )
         return _mean_over_ranks(per_rank)
@@ -443,7 +466,9 @@ class WorkerPools:
         _wait([rank.clear_pi_old.remote() for rank in self.trainers])
 
     def rescue_generate(self, keys: list[str], n: int, params: dict[str, Any], version: int) -> None:
+        peers = [peer.join_export.remote() for peer in self.export_peers]
         ray.get(self.trainers[0].rescue_generate.remote("train", keys, n, params, version))
+        ray.get(peers)
 
     # -- checkpoint (R-9.2, R-9.3) -----------------------------------------------------------
     def start_checkpoint(
@@ -482,7 +507,10 @@ class WorkerPools:
 
     def export_policy(self, uri: str) -> list[str]:
         """The policy as an HF model directory at ``uri`` (rank 0 holds the whole model)."""
-        return list(ray.get(self.trainers[0].export_policy.remote(uri)))
+        peers = [peer.join_export.remote() for peer in self.export_peers]
+        files = list(ray.get(self.trainers[0].export_policy.remote(uri)))
+        ray.get(peers)
+        return files
 
     # -- weight sync -------------------------------------------------------------------------
     def revive_rollouts(self, version: int, wait_seconds: float = 120.0) -> list[int]:
@@ -541,12 +569,13 @@ class WorkerPools:
             send = rank0.send_weights.options(num_returns=2, concurrency_group=SYNC_GROUP)
         else:
             send = rank0.send_weights.options(num_returns=2)
+        peers = [peer.join_export.remote() for peer in self.export_peers]  # their main threads, as rank 0's export
         payload_ref, metrics_ref = send.remote(version, overlap)
         payload = payload_ref if self.handover else None
         receive_refs = [
             r.receive_weights.remote(payload, version, self.weight_sync_timeout) for r in self.rollouts
         ]
-        return PendingPush(metrics_ref, receive_refs)
+        return PendingPush(metrics_ref, receive_refs, peers)
 
     # -- teardown ----------------------------------------------------------------------------
     def _close_weight_sync(self, final: bool = True) -> None:

@@ -55,6 +55,7 @@ class TrainerWorker:
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         self.rank, self.world_size = rank, world_size
         self._engine_args = (model_path, horizon_steps, temperature, seed, with_reference)
+        self._split_model = self.cfg.megatron.tensor_parallel_size * self.cfg.megatron.pipeline_parallel_size > 1
         self.engine: Any = None
         self.reference: Any = None
         self.loss_fn = build_actor_loss_fn(self.cfg)
@@ -73,6 +74,17 @@ class TrainerWorker:
     def where(self) -> dict[str, str]:
         """The node this actor runs on: Ray's id and address of it."""
         return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
+
+    def data_parallel_rank(self) -> int:
+        """This rank's data-parallel index: the ranks that split one model (tensor or pipeline
+        parallel) share it, and the batch shard that goes with it."""
+        return int(getattr(self.engine, "data_parallel_rank", self.rank))
+
+    def join_export(self) -> None:
+        """Take part in rank 0's export of a split model (a weight sync, a saved policy): the
+        export gathers over the tensor and pipeline groups, so every rank runs it together."""
+        for _ in self.engine.export_weights():
+            pass
 
     def rendezvous_address(self) -> str:
         """(rank 0) Where this pool's world meets: an address on this rank's node."""
@@ -225,6 +237,8 @@ class TrainerWorker:
         if with_policy and self.rank == 0:
             policy_dir = Path(tempfile.mkdtemp(prefix="rlt-policy-"))
             self.engine.save_pretrained(policy_dir)
+        elif with_policy and self._split_model:
+            self.join_export()  # rank 0's save gathers the model from every rank
         self._checkpoint = CheckpointSnapshot(
             state=clone_state(self.engine.state_dict()),
             rng=clone_state(rng_state()),

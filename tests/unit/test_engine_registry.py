@@ -34,10 +34,6 @@ def test_torch_is_the_default_of_both_sections() -> None:
             ["actor.engine=megatron", "actor.num_ranks=3", "actor.megatron.pipeline_parallel_size=2"],
             "actor.num_ranks=3 is not divisible by actor.megatron.tensor_parallel_size x pipeline_parallel_size = 2",
         ),
-        (
-            ["actor.engine=megatron", "actor.num_ranks=2", "actor.megatron.tensor_parallel_size=2"],
-            "a training run splits the megatron engine by data parallelism only",
-        ),
     ],
 )
 def test_an_unregistered_engine_fails_at_load_with_its_dotted_path(override: str | list[str], message: str) -> None:
