@@ -8,7 +8,7 @@ allowed, and are raised before anything starts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -92,6 +92,8 @@ class RolloutConfig(StrictModel):
     """Longest response in tokens (the one source of max_tokens, R-5.2)."""
     num_replicas: int = Field(1, ge=1)
     """Rollout engine replicas (Ray actors)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the built-in engine's replicas run: cuda gives each replica a GPU (its own in separate_async, shared with a training rank in the colocated modes)."""
     num_threads: int = Field(2, ge=1)
     """torch intra-op threads per replica."""
     val_temperature: float = Field(0.0, ge=0)

@@ -55,6 +55,8 @@ class ActorConfig(PolicyLossConfig):
     """torch intra-op threads per rank."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype of the training engine."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the torch engine's ranks keep the policy: cuda gives each rank a GPU (shared with a rollout replica in the colocated modes) and NCCL between ranks; megatron uses CUDA whenever it is visible."""
     megatron: MegatronParallelConfig = MegatronParallelConfig()
     """Tensor and pipeline parallel sizes of the megatron engine (``engine: megatron``)."""
 

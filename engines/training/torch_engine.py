@@ -1,4 +1,5 @@
-"""The plain-torch training engine (R-4.1-4.3): one DP rank, CPU or GPU.
+"""The plain-torch training engine (R-4.1-4.3): one DP rank, CPU or GPU (``actor.device``: the
+policy lives there, batches go there per micro-batch, results come back to the host).
 
 Data parallelism is manual and exact: each rank backpropagates the *numerator* of the loss
 over its micro-batches, then gradients and denominators are summed over ranks
@@ -62,7 +63,9 @@ class TorchTrainingEngine:
     ) -> None:
         torch.manual_seed(seed)
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-        self.model, self.tokenizer = load_policy(model_path, dtype=dtype)
+        self.device = torch.device(cfg.device)
+        model, self.tokenizer = load_policy(model_path, dtype=dtype)
+        self.model = model.to(self.device)
         self.cfg = cfg
         self.temperature = temperature
         self.horizon_steps = horizon_steps
@@ -74,7 +77,11 @@ class TorchTrainingEngine:
         self._pi_old = WeightSnapshots()
 
     # -- forward / backward --------------------------------------------------------------
+    def _to_device(self, micro_batch: Batch) -> Batch:
+        return {key: value.to(self.device) for key, value in micro_batch.items()}
+
     def _forward(self, micro_batch: Batch, with_entropy: bool) -> Batch:
+        """Log-probs (and entropy) of a micro-batch already on the engine's device."""
         mask = micro_batch["attention_mask"]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = self.model(
@@ -104,8 +111,8 @@ class TorchTrainingEngine:
         for micro in split_micro_batches(
             batch, self.cfg.infer_micro_batch_size, self.cfg.max_tokens_per_micro_batch
         ):
-            for key, value in self._forward(micro, with_entropy).items():
-                parts.setdefault(key, []).append(torch.nn.functional.pad(value, (0, width - value.shape[1])))
+            for key, value in self._forward(self._to_device(micro), with_entropy).items():
+                parts.setdefault(key, []).append(torch.nn.functional.pad(value.cpu(), (0, width - value.shape[1])))
         return {key: torch.cat(values) for key, values in parts.items()}
 
     def forward_backward_batch(
@@ -122,9 +129,10 @@ class TorchTrainingEngine:
             batch, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch
         )
         for micro in micro_batches:
+            micro = self._to_device(micro)
             numerator, denominator, metrics = loss_fn(self._forward(micro, self.cfg.entropy_coeff > 0), micro)
             numerator.backward()
-            numerator_total += numerator.detach().double()
+            numerator_total += numerator.detach().double().cpu()
             denominator_total += denominator
             tokens = float(micro["response_mask"].sum())
             for key, value in metrics.items():
@@ -136,7 +144,7 @@ class TorchTrainingEngine:
                 torch.tensor(float(batch["response_mask"].sum()), dtype=torch.float64),
             ]
         )
-        self._all_reduce_grads(totals)
+        totals = self._all_reduce_grads(totals)
         denominator = float(totals[1].clamp(min=1.0))
         for param in self.model.parameters():
             if param.grad is not None:
@@ -148,9 +156,12 @@ class TorchTrainingEngine:
         out["actor/num_micro_batches"] = float(len(micro_batches))
         return out
 
-    def _all_reduce_grads(self, totals: torch.Tensor) -> None:
+    def _all_reduce_grads(self, totals: torch.Tensor) -> torch.Tensor:
+        """Sum ``totals`` and every gradient over the ranks (on the engine's device: NCCL wants
+        CUDA tensors); the summed totals, on the host."""
         if not self.distributed:
-            return
+            return totals
+        totals = totals.to(self.device)
         dist.all_reduce(totals)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
         flat = torch.cat([g.reshape(-1).float() for g in grads])
@@ -160,6 +171,7 @@ class TorchTrainingEngine:
             count = grad.numel()
             param.grad = flat[offset : offset + count].view_as(param).to(param.dtype)
             offset += count
+        return totals.cpu()
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip and step; a NaN/inf grad norm skips the step (the weights stay finite) and is

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import remove_placement_group
 
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
 from rl_train.engines.workers.critic_worker import CriticWorker
 from rl_train.engines.workers.named_actor import NamedActor
+from rl_train.engines.workers.placement import plan_placement, realize
 from rl_train.engines.workers.queue_worker import GREEDY_PARTITION, QueueWorker
 from rl_train.engines.workers.ray_start import ensure_ray
 from rl_train.engines.workers.reward_worker import RewardWorker
@@ -70,12 +70,6 @@ def is_transient(exc: BaseException) -> bool:
     """Whether an error may pass on a second try: a worker that died and is being restarted, a
     timeout, a dropped connection, also when it surfaced inside another actor's task."""
     return find_cause(exc, TRANSIENT_ERRORS) is not None
-
-
-SPREAD_BUNDLE_CPUS = 0.01
-"""A ``ray.spread`` bundle's size: a bundle must hold some resource, and the actors placed in it
-ask for none (as every pool's actors do), so a token share of a CPU."""
-PLACEMENT_TIMEOUT_S = 120.0
 
 
 def run_namespace(run_id: str) -> str:
@@ -142,7 +136,7 @@ class WorkerPools:
     """Each rollout replica's incarnation when last seen: a different one means Ray restarted it."""
     _sync_cfg: Any = field(default=None, repr=False)
     _placement_groups: list[Any] = field(default_factory=list, repr=False)
-    """The SPREAD placement groups of ``ray.spread`` (removed at shutdown)."""
+    """The placement groups of GPU pools and of ``ray.spread`` (removed at shutdown)."""
     _dp_ranks: list[int] = field(default_factory=list, repr=False)
     """Each training rank's data-parallel index: the ranks that split one model share a batch shard."""
     _split_model: bool = field(default=False, repr=False)
@@ -170,20 +164,7 @@ class WorkerPools:
         classes = classes or WorkerClasses()
         ns = run_namespace(run_id)
         common: dict[str, Any] = {"namespace": ns, "num_cpus": 0, "lifetime": None}
-        groups: list[Any] = []
-
-        def placed(count: int) -> list[dict[str, Any]]:
-            """Each actor's scheduling options: with ``ray.spread``, a bundle of a SPREAD
-            placement group per actor, so that a pool's actors go to different nodes."""
-            if not config.ray.spread or count < 2:
-                return [{} for _ in range(count)]
-            group = placement_group([{"CPU": SPREAD_BUNDLE_CPUS}] * count, strategy="SPREAD")
-            groups.append(group)
-            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-            return [
-                {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)}
-                for i in range(count)
-            ]
+        trainer_places, rollout_places, groups = realize(plan_placement(config))
         created: list[Any] = []
         pools: WorkerPools | None = None
 
@@ -201,7 +182,6 @@ class WorkerPools:
             model_path = str(config.model.path)
             tool_env = config.rollout.tool_env.model_dump()
             rollout_options = config.rollout.engine_options()
-            rollout_places = placed(config.rollout.num_replicas)
             rollouts = [
                 make(
                     classes.rollout,
@@ -213,6 +193,7 @@ class WorkerPools:
                     tool_env,
                     config.rollout.engine,
                     rollout_options,
+                    config.rollout.device,
                     max_concurrency=2,
                     max_restarts=ROLLOUT_MAX_RESTARTS,
                     **rollout_places[i],
@@ -220,7 +201,6 @@ class WorkerPools:
                 for i in range(config.rollout.num_replicas)
             ]
             world = config.actor.num_ranks
-            trainer_places = placed(world)
             trainers = [
                 make(
                     classes.trainer,

@@ -17,6 +17,7 @@ from rl_train.engines.weight_sync.boundaries import run_receiver
 from rl_train.engines.workers.checkpoint_io import rng_state, set_rng_state
 from rl_train.engines.workers.generation_loop import GenerationLoop
 from rl_train.engines.workers.named_actor import resolve_actor
+from rl_train.engines.workers.placement import check_device
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
 
@@ -30,13 +31,16 @@ class RolloutWorker:
         tool_env: dict[str, Any] | None = None,
         engine: str = "torch",
         engine_options: dict[str, Any] | None = None,
+        device: str = "cpu",
     ) -> None:
         """``tool_env``: a ``rollout.tool_env`` dump; its tool call follows every train trajectory.
         ``engine``: the registered rollout engine (``rollout.engine``), built with ``engine_options``
-        (its own config section, ``rollout.sglang`` for sglang)."""
+        (its own config section, ``rollout.sglang`` for sglang), on ``device`` (``rollout.device``:
+        Ray gives the actor its GPU share and sets which GPU it sees)."""
         torch.set_num_threads(num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
-        self.engine = build_rollout_engine(engine, model_path, seed=seed, options=engine_options)
+        check_device(device, "rollout.device")
+        self.engine = build_rollout_engine(engine, model_path, seed=seed, device=device, options=engine_options)
         self.tokenizer = self.engine.tokenizer
         self.tq = resolve_actor(tq)
         self.receiver: WeightReceiver | None = None

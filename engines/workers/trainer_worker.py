@@ -19,6 +19,7 @@ from rl_train.engines.training.registry import build_training_engine
 from rl_train.engines.weight_sync.base import WeightSender
 from rl_train.engines.weight_sync.boundaries import run_sender
 from rl_train.engines.workers.checkpoint_io import CheckpointSnapshot, clone_state, rng_state, set_rng_state
+from rl_train.engines.workers.placement import check_device
 from rl_train.engines.workers.rendezvous import join_world, node_address
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 from rl_train.storage.records import collate, scatter_response
@@ -97,10 +98,11 @@ class TrainerWorker:
             return
         if self.world_size > 1:
             assert dist_address is not None, "a rank of several needs the pool's rendezvous address"
-            # megatron on CUDA keeps its tensors there: NCCL; the torch engine's are on the host: gloo
-            on_gpu = self.cfg.engine == "megatron" and torch.cuda.is_available()
+            # tensors on CUDA meet over NCCL (megatron takes CUDA whenever it is there), host ones over gloo
+            on_gpu = self.cfg.device == "cuda" or (self.cfg.engine == "megatron" and torch.cuda.is_available())
             join_world(dist_address, self.rank, self.world_size, "nccl" if on_gpu else "gloo")
         model_path, horizon_steps, temperature, seed, with_reference = self._engine_args
+        check_device(self.cfg.device, "actor.device")
         self.engine = build_training_engine(self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed)
         self.reference = (
             build_training_engine(self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed)
