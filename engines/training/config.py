@@ -57,6 +57,8 @@ class ActorConfig(PolicyLossConfig):
     """Parameter dtype of the training engine."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the torch engine's ranks keep the policy: cuda gives each rank a GPU (shared with a rollout replica in the colocated modes) and NCCL between ranks; megatron uses CUDA whenever it is visible."""
+    fsdp: bool = False
+    """torch engine: shard weights, gradients and Adam's moments over the data-parallel ranks (FSDP2, torch's fully_shard); every weight export then gathers the whole model from all ranks."""
     megatron: MegatronParallelConfig = MegatronParallelConfig()
     """Tensor and pipeline parallel sizes of the megatron engine (``engine: megatron``)."""
 
@@ -67,6 +69,11 @@ class ActorConfig(PolicyLossConfig):
             raise ValueError(
                 f"actor.megatron sets tensor x pipeline parallel {model_parallel} but actor.engine is "
                 f"{self.engine!r}; only engine megatron splits a model"
+            )
+        if self.fsdp and self.engine != "torch":
+            raise ValueError(
+                f"actor.fsdp shards the torch engine; actor.engine {self.engine!r} shards its own way "
+                "(megatron: its distributed optimizer)"
             )
         if self.num_ranks % model_parallel:
             raise ValueError(

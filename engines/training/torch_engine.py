@@ -69,11 +69,14 @@ class TorchTrainingEngine:
         self.cfg = cfg
         self.temperature = temperature
         self.horizon_steps = horizon_steps
+        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.sharded = bool(cfg.fsdp) and self.distributed
+        if self.sharded:
+            shard_model(self.model)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, horizon_steps))
-        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self._pi_old = WeightSnapshots()
 
     # -- forward / backward --------------------------------------------------------------
@@ -108,12 +111,31 @@ class TorchTrainingEngine:
         self.model.eval()
         width = batch["input_ids"].shape[1]
         parts: dict[str, list[torch.Tensor]] = {}
-        for micro in split_micro_batches(
-            batch, self.cfg.infer_micro_batch_size, self.cfg.max_tokens_per_micro_batch
-        ):
-            for key, value in self._forward(self._to_device(micro), with_entropy).items():
+        micro_batches = split_micro_batches(batch, self.cfg.infer_micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+        for index, micro in enumerate(self._matched(micro_batches, batch)):
+            outputs = self._forward(self._to_device(micro), with_entropy)
+            if index >= len(micro_batches):
+                continue  # a filler: its forward only keeps this rank in step with the others
+            for key, value in outputs.items():
                 parts.setdefault(key, []).append(torch.nn.functional.pad(value.cpu(), (0, width - value.shape[1])))
+        if not parts:  # no row here
+            empty = torch.zeros(0, width)
+            return {"log_probs": empty, **({"entropy": empty} if with_entropy else {})}
         return {key: torch.cat(values) for key, values in parts.items()}
+
+    def _matched(self, micro_batches: list[Batch], batch: Batch) -> list[Batch]:
+        """Sharded, every rank must run as many forward passes (each gathers the weights of
+        every layer together): a rank with fewer micro-batches than the most any rank has gets
+        fillers, one padded row each whose response mask is 0, so that it adds nothing."""
+        if not self.sharded:
+            return micro_batches
+        count = torch.tensor([len(micro_batches)], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        pad = int(self.tokenizer.pad_token_id)
+        filler = {key: torch.zeros((1, 1), dtype=value.dtype) for key, value in batch.items() if value.dim() == 2}
+        filler["input_ids"] = torch.full((1, 1), pad, dtype=batch["input_ids"].dtype)
+        filler["attention_mask"] = torch.ones((1, 1), dtype=batch["attention_mask"].dtype)
+        return micro_batches + [filler] * (int(count) - len(micro_batches))
 
     def forward_backward_batch(
         self, batch: Batch, loss_fn: LossFn | None, forward_only: bool
@@ -128,8 +150,11 @@ class TorchTrainingEngine:
         micro_batches = split_micro_batches(
             batch, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch
         )
-        for micro in micro_batches:
+        passes = self._matched(micro_batches, batch)
+        for index, micro in enumerate(passes):
             micro = self._to_device(micro)
+            if self.sharded:  # reduce-scatter once, after the last micro-batch's backward
+                self.model.set_requires_gradient_sync(index == len(passes) - 1)
             numerator, denominator, metrics = loss_fn(self._forward(micro, self.cfg.entropy_coeff > 0), micro)
             numerator.backward()
             numerator_total += numerator.detach().double().cpu()
@@ -146,9 +171,11 @@ class TorchTrainingEngine:
         )
         totals = self._all_reduce_grads(totals)
         denominator = float(totals[1].clamp(min=1.0))
+        # fully_shard averaged the gradients over the ranks: scale them back to their sum first
+        scale = (dist.get_world_size() if self.sharded else 1) / denominator
         for param in self.model.parameters():
             if param.grad is not None:
-                param.grad.div_(denominator)
+                param.grad.mul_(scale)
         out: dict[str, object] = {
             key: value / max(float(batch["response_mask"].sum()), 1.0) for key, value in weighted.items()
         }
@@ -163,6 +190,8 @@ class TorchTrainingEngine:
             return totals
         totals = totals.to(self.device)
         dist.all_reduce(totals)
+        if self.sharded:  # fully_shard reduce-scattered the gradients in backward
+            return totals.cpu()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         dist.all_reduce(flat)
@@ -176,7 +205,7 @@ class TorchTrainingEngine:
     def optimizer_step(self) -> dict[str, float]:
         """Clip and step; a NaN/inf grad norm skips the step (the weights stay finite) and is
         reported as ``actor/nonfinite_steps`` = 1, so the worker can stop a run that keeps doing it."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        grad_norm = full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
         lr = self.optimizer.param_groups[0]["lr"]
         finite = bool(torch.isfinite(grad_norm))
         if finite:
@@ -201,22 +230,84 @@ class TorchTrainingEngine:
 
     # -- export and state ---------------------------------------------------------------
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named tensors, one at a time (the model *is* an HF model: names map 1:1)."""
+        """HF-named tensors, one at a time (the model *is* an HF model: names map 1:1). Sharded,
+        each is gathered whole (a collective: every rank exports together)."""
         for name, tensor in self.model.state_dict().items():
-            yield name, tensor.detach()
+            yield name, full(tensor.detach())
 
     def state_dict(self) -> dict[str, object]:
+        """Sharded, each rank's own shards (its part of the weights and of Adam's moments)."""
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": {name: local(tensor) for name, tensor in self.model.state_dict().items()},
+            "optimizer": local_state(self.optimizer.state_dict()),
             "scheduler": self.scheduler.state_dict(),
         }
 
     def save_pretrained(self, path: Path) -> None:
-        self.model.save_pretrained(path, safe_serialization=True)
+        if not self.sharded:
+            self.model.save_pretrained(path, safe_serialization=True)
+        else:  # the whole model, gathered as every rank's export gathers it; the first rank writes
+            whole = dict(self.export_weights())
+            if dist.get_rank() != 0:
+                return
+            self.model.save_pretrained(path, state_dict=whole, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.model.load_state_dict(state["model"])  # type: ignore[arg-type]
-        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        if not self.sharded:
+            self.model.load_state_dict(state["model"])  # type: ignore[arg-type]
+            self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        else:
+            saved: dict[str, torch.Tensor] = state["model"]  # type: ignore[assignment]
+            with torch.no_grad():
+                for name, tensor in self.model.state_dict().items():
+                    local(tensor).copy_(saved[name])
+            self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+            reshard_optimizer_state(self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
+
+
+def shard_model(model: torch.nn.Module) -> None:
+    """FSDP2 (``fully_shard``): each decoder layer a unit, then the rest (embeddings, norm, head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:  # type: ignore[union-attr]
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a sharded DTensor (a collective), a plain tensor as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor, a plain tensor as it is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def local_state(state: dict[str, object]) -> dict[str, object]:
+    """An optimizer state dict with every DTensor replaced by this rank's shard."""
+    return {
+        "state": {
+            index: {key: local(value) if torch.is_tensor(value) else value for key, value in entry.items()}
+            for index, entry in state["state"].items()  # type: ignore[attr-defined]
+        },
+        "param_groups": state["param_groups"],
+    }
+
+
+def reshard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """After loading local shards: each moment a DTensor laid out as its parameter again."""
+    from torch.distributed.tensor import DTensor
+
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if not isinstance(param, DTensor):
+                continue
+            entry = optimizer.state.get(param, {})
+            for key, value in entry.items():
+                if torch.is_tensor(value) and not isinstance(value, DTensor) and value.dim() > 0:
+                    entry[key] = DTensor.from_local(
+                        value.to(param.device), param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
+                    )

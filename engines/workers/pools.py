@@ -244,8 +244,9 @@ class WorkerPools:
                 for rank in range(num_critics)
             ]
             split = config.actor.megatron.tensor_parallel_size * config.actor.megatron.pipeline_parallel_size
+            split_model = split > 1 or (config.actor.fsdp and world > 1)  # exports gather over the ranks
             pools = cls(
-                run_id, tq, rollouts, trainers, rewards, critics, _placement_groups=groups, _split_model=split > 1
+                run_id, tq, rollouts, trainers, rewards, critics, _placement_groups=groups, _split_model=split_model
             )
             for ranks in (trainers, critics):  # each pool meets on its rank 0's node
                 if len(ranks) > 1:

@@ -56,7 +56,9 @@ class TrainerWorker:
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         self.rank, self.world_size = rank, world_size
         self._engine_args = (model_path, horizon_steps, temperature, seed, with_reference)
-        self._split_model = self.cfg.megatron.tensor_parallel_size * self.cfg.megatron.pipeline_parallel_size > 1
+        # the model is split over the ranks (megatron TP/PP, or FSDP shards): exports are collectives
+        split = self.cfg.megatron.tensor_parallel_size * self.cfg.megatron.pipeline_parallel_size
+        self._split_model = split > 1 or (self.cfg.fsdp and world_size > 1)
         self.engine: Any = None
         self.reference: Any = None
         self.loss_fn = build_actor_loss_fn(self.cfg)
@@ -117,8 +119,9 @@ class TrainerWorker:
     def compute_log_probs(
         self, partition: str, keys: list[str], out_field: str, reference: bool = False
     ) -> int:
-        """Forward-only pass (old_log_prob or ref); writes ``out_field`` on each record."""
-        if not keys:
+        """Forward-only pass (old_log_prob or ref); writes ``out_field`` on each record. A rank
+        of a split model runs even with no key: its passes are collectives with the others'."""
+        if not keys and not self._split_model:
             return 0
         engine = self.reference if reference else self.engine
         assert engine is not None, "this rank was built without a reference model"
@@ -126,7 +129,8 @@ class TrainerWorker:
         batch = collate(records, self.pad_token_id)
         log_probs = engine.compute_log_probs(batch, pi_old=out_field == "old_log_probs")["log_probs"]
         values = scatter_response(log_probs, records)
-        ray.get(self.tq.put.remote(partition, {k: {out_field: v} for k, v in zip(keys, values, strict=True)}))
+        if keys:
+            ray.get(self.tq.put.remote(partition, {k: {out_field: v} for k, v in zip(keys, values, strict=True)}))
         return len(keys)
 
     def update(self, partition: str, keys: list[str], num_mini_batches: int) -> dict[str, float]:

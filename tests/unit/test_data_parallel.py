@@ -1,10 +1,12 @@
-"""1 vs 2 data-parallel ranks (gloo) give the same gradients (R-4.3)."""
+"""1 vs 2 data-parallel ranks (gloo) give the same gradients (R-4.3), and with FSDP2 (``actor.fsdp``)
+the same updates."""
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -71,3 +73,53 @@ def test_two_ranks_match_one_rank(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert abs(two["loss"] - metrics["actor/loss"]) < 1e-6
     for name, param in single.model.named_parameters():
         torch.testing.assert_close(two["grads"][name], param.grad, atol=1e-6, rtol=1e-5)
+
+
+def _fsdp_rank_main(rank: int, world: int, port: int, model_dir: str, shards: list[list[dict]], out: str) -> None:
+    """Two updates on two FSDP2 ranks, then: the gathered weights, a state round trip on a
+    fresh sharded engine (both make the same next update), and the saved policy."""
+    import copy
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    cfg = ActorConfig(loss_agg_mode="seq-mean-token-mean", micro_batch_size=3, lr=1e-3, fsdp=True)
+    engine = TorchTrainingEngine(model_dir, cfg, 10)
+    batch, loss_fn = collate(shards[rank], 0, FIELDS), build_actor_loss_fn(cfg)
+    losses = [engine.train_batch(batch, loss_fn)["actor/loss"] for _ in range(2)]
+    weights = {name: tensor.clone() for name, tensor in engine.export_weights()}
+    saved = copy.deepcopy(engine.state_dict())
+    again = TorchTrainingEngine(model_dir, cfg, 10)
+    again.load_state_dict(saved)
+    engine.train_batch(batch, loss_fn)
+    again.train_batch(batch, loss_fn)
+    resumed = all(
+        torch.equal(a, b) for (_, a), (_, b) in zip(engine.export_weights(), again.export_weights(), strict=True)
+    )
+    final = {name: tensor.clone() for name, tensor in engine.export_weights()}
+    engine.save_pretrained(Path(out).with_name("policy"))
+    if rank == 0:
+        torch.save({"losses": losses, "weights": weights, "resumed": resumed, "final": final}, out)
+    dist.destroy_process_group()
+
+
+def test_two_fsdp_ranks_make_the_one_rank_updates_and_checkpoint_their_shards(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """actor.fsdp: fully_shard's averaged gradients are scaled back to the global-denominator
+    sum, so two sharded ranks on uneven halves make the unsharded one-rank update."""
+    from transformers import AutoModelForCausalLM
+
+    records = _make_records(tiny_model_dir)
+    shards = [records[:7], records[7:]]
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_fsdp_rank_main, args=(2, _free_port(), str(tiny_model_dir), shards, str(out)), nprocs=2, join=True)
+    two = torch.load(out)
+    cfg = ActorConfig(loss_agg_mode="seq-mean-token-mean", lr=1e-3)
+    single = TorchTrainingEngine(tiny_model_dir, cfg, 10)
+    batch, loss_fn = collate(records, 0, FIELDS), build_actor_loss_fn(cfg)
+    losses = [single.train_batch(batch, loss_fn)["actor/loss"] for _ in range(2)]
+    assert two["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    for name, tensor in single.export_weights():
+        torch.testing.assert_close(two["weights"][name], tensor, atol=1e-5, rtol=0)
+    assert two["resumed"]
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "policy").state_dict()
+    assert all(torch.equal(saved[name], tensor) for name, tensor in two["final"].items())
