@@ -26,6 +26,14 @@ class EngineStateError(RuntimeError):
     """The engine was asked to generate while asleep or with its KV cache released."""
 
 
+def check_can_generate(asleep: bool, kv_released: bool) -> None:
+    """``EngineStateError`` naming what to call first, when an engine cannot generate now."""
+    if asleep:
+        raise EngineStateError("rollout engine is asleep; call wake_up() before generate()")
+    if kv_released:
+        raise EngineStateError("rollout engine's KV cache is released; call resume_kv_cache() first")
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0

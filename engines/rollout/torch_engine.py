@@ -34,6 +34,7 @@ from rl_train.engines.rollout.protocol import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
+    check_can_generate,
 )
 from rl_train.engines.rollout.sampling import sample_tokens
 from rl_train.engines.weight_sync.base import NamedTensors
@@ -71,10 +72,7 @@ class TorchRolloutEngine:
     # -- generation ---------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         with self._state:
-            if self._asleep:
-                raise EngineStateError("rollout engine is asleep; call wake_up() before generate()")
-            if self._kv_released:
-                raise EngineStateError("rollout engine's KV cache is released; call resume_kv_cache() first")
+            check_can_generate(self._asleep, self._kv_released)
             self._abort.clear()
             self._in_flight += len(requests)
         generator = self._generator

@@ -24,3 +24,4 @@ def small_run_config(tiny_model_dir: Path, tmp_path: Path) -> dict[str, Any]:
         "actor": {"num_threads": 1},
     }
 
+

@@ -5,14 +5,12 @@ policy loads with ``transformers``."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sync_run import fit_sync_run
 
-from rl_train.config import Config, apply_mode_defaults
-from rl_train.flows.registry import get_trainer_class
 from rl_train.storage.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
@@ -21,13 +19,12 @@ pytestmark = pytest.mark.integration
 def test_a_sharded_run_trains_syncs_and_saves_the_whole_policy(small_run_config: dict[str, Any], ray_local) -> None:
     from transformers import AutoModelForCausalLM
 
-    data = copy.deepcopy(small_run_config)
-    data["trainer"].update(mode="sync", use_prefect=False, val_every_steps=0, total_steps=2)
-    data["actor"].update(num_ranks=2, fsdp=True, micro_batch_size=5)
-    data["checkpoint"] = {"every_steps": 2}
-    apply_mode_defaults(data)
-    trainer = get_trainer_class("sync")(Config.model_validate(data))
-    trainer.fit()
+    trainer = fit_sync_run(
+        small_run_config,
+        2,
+        actor={"num_ranks": 2, "fsdp": True, "micro_batch_size": 5},
+        checkpoint={"every_steps": 2},
+    )
     metrics = read_metrics(trainer.run_dir)
     assert [m["step"] for m in metrics] == [1, 2]
     assert all("actor/loss" in m and m["weight_sync/bytes"] > 0 for m in metrics), metrics

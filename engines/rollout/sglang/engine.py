@@ -44,10 +44,10 @@ from urllib.parse import urlparse
 import torch
 
 from rl_train.engines.rollout.protocol import (
-    EngineStateError,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
+    check_can_generate,
 )
 from rl_train.engines.rollout.sglang.client import RolloutServerError, SglangClient
 from rl_train.engines.rollout.sglang.config import SglangConfig
@@ -138,10 +138,7 @@ class SglangRolloutEngine:
     # -- generation -----------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         with self._state:
-            if self._asleep:
-                raise EngineStateError("rollout engine is asleep; call wake_up() before generate()")
-            if self._kv_released:
-                raise EngineStateError("rollout engine's KV cache is released; call resume_kv_cache() first")
+            check_can_generate(self._asleep, self._kv_released)
             self._in_flight += len(requests)
         try:
             return self._generate(requests, params)
