@@ -86,5 +86,6 @@ def prefect_harness():
 
 # A local S3 server (moto) for any test: s3_endpoint (session) and s3_root (a bucket per test).
 sys.path.insert(0, str(Path(__file__).parent))
+from moe_fixture import tiny_moe_dir  # noqa: E402, F401
 from s3_fixture import s3_endpoint, s3_root  # noqa: E402, F401
 from sglang_fixture import sglang_options, sglang_server  # noqa: E402, F401

@@ -10,7 +10,8 @@ Batch = dict[str, torch.Tensor]
 def split_micro_batches(
     batch: Batch, micro_batch_size: int | None, max_tokens_per_micro_batch: int | None
 ) -> list[Batch]:
-    """Consecutive row ranges of ``batch``; each is trimmed to its own longest sequence.
+    """Consecutive row ranges of ``batch``; each is trimmed to its own longest sequence (every
+    field of two or more dimensions is [rows, positions, ...]).
 
     With a token budget, rows are added while (rows x longest row) stays within the budget,
     which is what a padded forward actually costs; a single over-long row still forms its own
@@ -38,5 +39,5 @@ def split_micro_batches(
     micro_batches = []
     for lo, hi in bounds:
         width = int(max(lengths[lo:hi]))
-        micro_batches.append({k: v[lo:hi, :width] if v.dim() == 2 else v[lo:hi] for k, v in batch.items()})
+        micro_batches.append({k: v[lo:hi, :width] if v.dim() >= 2 else v[lo:hi] for k, v in batch.items()})
     return micro_batches

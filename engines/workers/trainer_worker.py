@@ -27,6 +27,8 @@ from rl_train.storage.records import collate, scatter_response
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
 FREEZE_TIMEOUT_SECONDS = 600.0
 """How long a push waits for its frozen copy (the main thread may be busy with an update)."""
+ROUTES_FIELD = "routes"
+"""Per token of prompt and response, the experts of each MoE layer (R2: recorded by old_log_prob)."""
 OPTIONAL_TOKEN_FIELDS = ["rollout_is_weights"]
 """Per-token fields the advantage phase writes only when configured (IS weights multiply the policy loss)."""
 
@@ -127,10 +129,18 @@ class TrainerWorker:
         assert engine is not None, "this rank was built without a reference model"
         records = self._records(partition, keys, [])
         batch = collate(records, self.pad_token_id)
-        log_probs = engine.compute_log_probs(batch, pi_old=out_field == "old_log_probs")["log_probs"]
-        values = scatter_response(log_probs, records)
+        pi_old = out_field == "old_log_probs"
+        if pi_old and self.cfg.router_replay == "r2":  # the routes of pi_old's pass, for the update to replay
+            out = engine.compute_log_probs(batch, pi_old=True, record_routes=True)
+            routes = [row[: len(r["prompt_ids"]) + len(r["response_ids"])].tolist() for row, r in zip(out["routes"], records, strict=True)]
+        else:
+            out, routes = engine.compute_log_probs(batch, pi_old=pi_old), None
+        values = scatter_response(out["log_probs"], records)
+        fields = [{out_field: v} for v in values]
+        for field, route in zip(fields, routes or [], strict=False):
+            field[ROUTES_FIELD] = route
         if keys:
-            ray.get(self.tq.put.remote(partition, {k: {out_field: v} for k, v in zip(keys, values, strict=True)}))
+            ray.get(self.tq.put.remote(partition, dict(zip(keys, fields, strict=True))))
         return len(keys)
 
     def update(self, partition: str, keys: list[str], num_mini_batches: int) -> dict[str, float]:
@@ -149,13 +159,19 @@ class TrainerWorker:
             raise KeyError(
                 f"update needs per-token field(s) {missing}; the earlier phases did not write them"
             )
+        if self.cfg.router_replay == "r2" and records and ROUTES_FIELD not in records[0]:
+            raise KeyError(f"actor.router_replay r2 replays the {ROUTES_FIELD!r} of old_log_prob; the records have none")
         fields += [f for f in OPTIONAL_TOKEN_FIELDS if records and f in records[0]]
         sums: dict[str, float] = {}
         steps = 0
+        replayed = 0.0
         for _ in range(self.cfg.ppo_epochs):
             for part in range(num_mini_batches):
                 chunk = records[part::num_mini_batches] if num_mini_batches > 1 else records
                 batch = collate(chunk, self.pad_token_id, fields)
+                if self.cfg.router_replay == "r2":
+                    batch[ROUTES_FIELD] = collate_routes(chunk, batch["input_ids"].shape[1])
+                    replayed += float(batch["attention_mask"].sum())
                 step_metrics = self.engine.train_batch(batch, self.loss_fn)
                 for key, value in step_metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value)  # type: ignore[arg-type]
@@ -164,6 +180,8 @@ class TrainerWorker:
         metrics = {key: value / max(steps, 1) for key, value in sums.items()}
         metrics["actor/nonfinite_steps"] = sums.get("actor/nonfinite_steps", 0.0)
         metrics["actor/nonfinite_steps_in_row"] = float(self.nonfinite.in_row)
+        if self.cfg.router_replay != "off":
+            metrics["actor/router_replay_tokens"] = replayed  # tokens the update routed by recorded experts
         return metrics
 
     # -- weights ------------------------------------------------------------------------
@@ -288,3 +306,13 @@ class TrainerWorker:
 
     def ping(self) -> int:
         return self.rank
+
+
+def collate_routes(records: list[dict[str, Any]], width: int) -> torch.Tensor:
+    """The records' ``routes`` as one right-padded tensor [B, width, L, k] (zeros past a row's end)."""
+    rows = [torch.tensor(r[ROUTES_FIELD], dtype=torch.long) for r in records]
+    shape = rows[0].shape[1:] if rows else (0, 0)
+    out = torch.zeros((len(records), width, *shape), dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : row.shape[0]] = row
+    return out

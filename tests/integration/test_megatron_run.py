@@ -37,3 +37,15 @@ def test_a_run_with_the_model_split_over_two_ranks_trains_and_saves_the_whole_po
     assert policies, "the checkpoint holds no policy"
     model = AutoModelForCausalLM.from_pretrained(policies[-1].parent)
     assert model.config.num_hidden_layers > 0
+
+
+def test_an_moe_run_replays_old_log_probs_routes_in_the_update(
+    small_run_config: dict[str, Any], tiny_moe_dir: Path, ray_local
+) -> None:
+    """R2 in a run: the old_log_prob phase records each token's experts on the record
+    (``routes``: prompt and response, every MoE layer, top k), the update routes by them."""
+    small_run_config["model"]["path"] = str(tiny_moe_dir)
+    trainer = fit_sync_run(small_run_config, 2, actor={"engine": "megatron", "router_replay": "r2"})
+    metrics = read_metrics(trainer.run_dir)
+    assert [m["step"] for m in metrics] == [1, 2] and all("actor/loss" in m for m in metrics)
+    assert all(m["actor/router_replay_tokens"] > 0 for m in metrics), metrics

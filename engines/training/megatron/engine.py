@@ -49,7 +49,7 @@ from rl_train.engines.training.megatron.hf_bridge import (
     transformer_config,
 )
 from rl_train.engines.training.megatron.optimizer import optimizer_step, wrap_for_training, zero_grads
-from rl_train.engines.training.megatron.schedule import forward_backward, forward_log_probs
+from rl_train.engines.training.megatron.schedule import forward_backward, forward_log_probs, pad_positions
 from rl_train.engines.training.micro_batch import split_micro_batches
 from rl_train.engines.training.protocol import Batch, LossFn
 from rl_train.engines.training.snapshot import WeightSnapshots
@@ -202,20 +202,25 @@ class MegatronTrainingEngine:
             return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, batch["input_ids"].shape[0], size)]
         return split_micro_batches(batch, rows, self.cfg.max_tokens_per_micro_batch)
 
-    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False) -> Batch:
+    def compute_log_probs(
+        self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False, record_routes: bool = False
+    ) -> Batch:
+        """The contract's pass; on an MoE model, ``record_routes`` also gives ``routes``
+        [B, T, L, k] (the experts each token went to: R2 records them for the update), and a
+        batch carrying ``routes`` is routed by them (replay)."""
         if pi_old and self._pi_old.active:
             with self._pi_old.swapped_in(self.module):
-                return self._log_probs(batch, with_entropy)
-        return self._log_probs(batch, with_entropy)
+                return self._log_probs(batch, with_entropy, record_routes)
+        return self._log_probs(batch, with_entropy, record_routes)
 
-    def _log_probs(self, batch: Batch, with_entropy: bool) -> Batch:
+    def _log_probs(self, batch: Batch, with_entropy: bool, record_routes: bool = False) -> Batch:
         micro_batches = self._micro_batches(batch, self.cfg.infer_micro_batch_size)
         out = forward_log_probs(
-            self.model, micro_batches, self.temperature, int(self.hf_config["vocab_size"]), with_entropy
+            self.model, micro_batches, self.temperature, int(self.hf_config["vocab_size"]), with_entropy, record_routes
         )
         width = batch["input_ids"].shape[1]
         if out is not None:  # as wide as the batch, whatever the widest micro-batch was
-            out = {key: torch.nn.functional.pad(value, (0, width - value.shape[1])) for key, value in out.items()}
+            out = {key: pad_positions(value, width) for key, value in out.items()}
         return {key: value.cpu() for key, value in self._from_last_stage(out, batch["input_ids"].shape, with_entropy).items()}
 
     def _from_last_stage(self, out: Batch | None, shape: torch.Size, with_entropy: bool) -> Batch:

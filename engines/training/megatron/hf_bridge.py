@@ -29,7 +29,15 @@ from typing import Any
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+from rl_train.engines.training.megatron.moe_bridge import (
+    define_missing_te_gemm,
+    is_moe,
+    moe_config_fields,
+    moe_to_hf,
+    moe_to_megatron,
+)
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mixtral")
 QKV_BIAS = {"qwen2": True}
 """Model types whose q, k and v projections carry a bias by design (llama: ``attention_bias``)."""
 
@@ -63,8 +71,8 @@ def check_supported(hf_config: Any) -> str:
         )
     if _get(hf_config, "hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"hidden_act {_get(hf_config, 'hidden_act')!r} (supported: silu)")
-    if _get(hf_config, "use_sliding_window", False):
-        raise UnsupportedModelError("use_sliding_window true (sliding-window attention is not supported)")
+    if _get(hf_config, "use_sliding_window", False) or (model_type == "mixtral" and _get(hf_config, "sliding_window")):
+        raise UnsupportedModelError("sliding-window attention is not supported")
     rope_theta(hf_config)
     return str(model_type)
 
@@ -114,6 +122,7 @@ def transformer_config(hf_config: Any, params_dtype: torch.dtype = torch.float32
         apply_rope_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
+        **moe_config_fields(hf_config),
         **parallel,
     )
 
@@ -137,9 +146,14 @@ def build_gpt_model(
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    experts = config.num_moe_experts
+    if experts:
+        define_missing_te_gemm()
     return GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            num_experts=experts, moe_grouped_gemm=False, normalization="RMSNorm"
+        ),
         vocab_size=padded_vocab_size(hf_config, config.tensor_model_parallel_size),
         max_sequence_length=int(_get(hf_config, "max_position_embeddings")),
         pre_process=pre_process,
@@ -192,8 +206,9 @@ def _pairs(hf_config: Any) -> list[tuple[str, str]]:
     ]
     if not _get(hf_config, "tie_word_embeddings", False):
         pairs.append(("lm_head.weight", "output_layer.weight"))
+    per_layer = {h: m for h, m in ONE_TO_ONE.items() if not (is_moe(hf_config) and h.startswith("mlp."))}
     for i in range(int(_get(hf_config, "num_hidden_layers"))):
-        pairs += [(f"model.layers.{i}.{h}", f"decoder.layers.{i}.{m}") for h, m in ONE_TO_ONE.items()]
+        pairs += [(f"model.layers.{i}.{h}", f"decoder.layers.{i}.{m}") for h, m in per_layer.items()]
     return pairs
 
 
@@ -217,6 +232,9 @@ def hf_to_megatron(hf_state: dict[str, torch.Tensor], hf_config: Any) -> dict[st
     for layer in range(int(_get(hf_config, "num_hidden_layers"))):
         for (q, k, v), fused in _qkv_names(hf_config, layer):
             out[fused] = fuse_qkv(hf_state[q], hf_state[k], hf_state[v], hf_config)
+        if is_moe(hf_config):
+            out.update(moe_to_megatron(hf_state, hf_config, layer))
+            continue
         halves, fc1 = _mlp_names(layer)
         out[fc1] = torch.cat([hf_state[name] for name in halves])
     return out
@@ -229,6 +247,9 @@ def megatron_to_hf(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, 
     for layer in range(int(_get(hf_config, "num_hidden_layers"))):
         for names, fused in _qkv_names(hf_config, layer):
             out.update(zip(names, split_qkv(state[fused], hf_config), strict=True))
+        if is_moe(hf_config):
+            out.update(moe_to_hf(state, hf_config, layer))
+            continue
         halves, fc1 = _mlp_names(layer)
         out.update(zip(halves, torch.chunk(state[fc1], 2, dim=0), strict=True))
     return out

@@ -16,12 +16,19 @@ padding out of every real position, and positions are ``0..T-1``. A row with a g
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from rl_train.engines.training.megatron.cpu_compat import megatron_on_this_device
+from rl_train.engines.training.megatron.moe_bridge import (
+    recorded_routes,
+    set_replay,
+    start_recording,
+    stop_routing_control,
+)
 from rl_train.engines.training.protocol import Batch, LossFn
 
 
@@ -67,8 +74,12 @@ def token_outputs(
 
 
 def _logits(model: Any, micro_batch: Batch) -> torch.Tensor:
+    """The model's logits; an MoE model sends each token to the experts ``routes`` gives
+    when the micro-batch carries them (router replay, R-4.8)."""
     input_ids = micro_batch["input_ids"]
-    positions = torch.arange(input_ids.shape[1]).unsqueeze(0).expand_as(input_ids)
+    if "routes" in micro_batch:
+        set_replay(model, micro_batch["routes"])
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
     return model(input_ids, positions, attention_mask=None)
 
 
@@ -79,7 +90,7 @@ def _run(model: Any, micro_batches: list[Batch], forward_step: Any, forward_only
         check_right_padded(micro_batch["attention_mask"])
     width = max(int(mb["input_ids"].shape[1]) for mb in micro_batches)
     iterator: Iterator[Batch] = iter(micro_batches)
-    with megatron_on_this_device():
+    with megatron_on_this_device(), _routing_released(model):
         return get_forward_backward_func()(
             forward_step_func=forward_step,
             data_iterator=iterator,
@@ -92,8 +103,21 @@ def _run(model: Any, micro_batches: list[Batch], forward_step: Any, forward_only
         )
 
 
-def _pad_to(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]))
+@contextlib.contextmanager
+def _routing_released(model: Any) -> Iterator[None]:
+    """Whatever routing a pass recorded or replayed ends with it."""
+    try:
+        yield
+    finally:
+        stop_routing_control(model)
+
+
+def pad_positions(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """``tensor`` [B, T, ...] padded with zeros along its positions to ``width``."""
+    if tensor.shape[1] == width:
+        return tensor
+    pad = torch.zeros((tensor.shape[0], width - tensor.shape[1], *tensor.shape[2:]), dtype=tensor.dtype, device=tensor.device)
+    return torch.cat([tensor, pad], dim=1)
 
 
 @torch.no_grad()
@@ -103,18 +127,25 @@ def forward_log_probs(
     temperature: float,
     vocab_size: int | None = None,
     with_entropy: bool = False,
+    record_routes: bool = False,
 ) -> Batch | None:
     """Per-token ``log_probs`` [B, T] (and ``entropy``) of right-padded micro-batches, forward
     only, in eval mode, put back together at the widest one's width; None on a pipeline stage
     other than the last (only the last sees the logits). With pipeline stages every
-    micro-batch must have the same shape."""
+    micro-batch must have the same shape. ``record_routes``: an MoE model also gives the
+    experts each token went to, ``routes`` [B, T, L, k] (R2 records them here)."""
 
     def forward_step(data_iterator: Iterator[Batch], model: Any) -> tuple[torch.Tensor, Any]:
         micro_batch = next(data_iterator)
+        if record_routes:
+            start_recording(model)
         logits = _logits(model, micro_batch)
+        rows, width = micro_batch["input_ids"].shape
+        routes = recorded_routes(model, rows, width) if record_routes else None
 
         def collect(output: torch.Tensor, non_loss_data: bool = True) -> Batch:
-            return token_outputs(output, micro_batch["input_ids"], temperature, vocab_size, with_entropy)
+            out = token_outputs(output, micro_batch["input_ids"], temperature, vocab_size, with_entropy)
+            return out if routes is None else {**out, "routes": routes}
 
         return logits, collect
 
@@ -123,7 +154,7 @@ def forward_log_probs(
     if not parts:
         return None
     width = max(int(mb["input_ids"].shape[1]) for mb in micro_batches)
-    return {key: torch.cat([_pad_to(part[key], width) for part in parts]) for key in parts[0]}
+    return {key: torch.cat([pad_positions(part[key], width) for part in parts]) for key in parts[0]}
 
 
 def forward_backward(

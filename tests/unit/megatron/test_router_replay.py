@@ -1,0 +1,76 @@
+"""An MoE policy on the megatron engine (a tiny Mixtral, in-process, a gloo world of one), and
+router replay (R-4.8, R2): the routes a pass records route a later pass exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from moe_fixture import EXPERTS, LAYERS, TOP_K  # noqa: E402
+
+from rl_train.algorithms.actor_loss import build_actor_loss_fn  # noqa: E402
+from rl_train.engines.training.config import ActorConfig  # noqa: E402
+from rl_train.engines.training.registry import build_training_engine  # noqa: E402
+from rl_train.storage.records import collate  # noqa: E402
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(4)
+    records = [
+        {
+            "prompt_ids": [1, *torch.randint(3, 91, (3 + i % 3,), generator=generator).tolist()],
+            "response_ids": torch.randint(3, 91, (4 + i,), generator=generator).tolist(),
+            "old_log_probs": [-2.0] * (4 + i),
+            "advantages": [1.0 if i % 2 else -1.0] * (4 + i),
+        }
+        for i in range(6)
+    ]
+    return collate(records, 0, ["old_log_probs", "advantages"])
+
+
+def test_an_moe_policy_gives_the_hf_log_probs_and_exports_the_hf_weights(tiny_moe_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    engine = build_training_engine("megatron", tiny_moe_dir, ActorConfig(engine="megatron"), 10, 1.0, 0)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_moe_dir).eval()
+    batch = _batch()
+    mask = batch["attention_mask"]
+    with torch.no_grad():
+        logits = reference(input_ids=batch["input_ids"], attention_mask=mask).logits
+    want = torch.nn.functional.pad(
+        torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1), (1, 0)
+    )
+    got = engine.compute_log_probs(batch)["log_probs"]
+    assert ((got - want).abs() * mask).max() < 1e-5
+    exported, state = dict(engine.export_weights()), reference.state_dict()
+    assert set(exported) == set(state) and all(torch.equal(exported[n], state[n]) for n in state)
+
+
+def test_recorded_routes_route_a_later_pass_exactly(tiny_moe_dir: Path) -> None:
+    engine = build_training_engine("megatron", tiny_moe_dir, ActorConfig(engine="megatron", lr=1e-3), 10, 1.0, 0)
+    batch = _batch()
+    real = batch["attention_mask"].bool()
+    first = engine.compute_log_probs(batch, record_routes=True)
+    routes = first["routes"]
+    assert routes.shape == (*batch["input_ids"].shape, LAYERS, TOP_K)
+    assert routes[real].min() >= 0 and routes[real].max() < EXPERTS
+    assert (routes[real][..., 0] != routes[real][..., 1]).all()  # k distinct experts per token
+    replayed = engine.compute_log_probs({**batch, "routes": routes})["log_probs"]
+    assert torch.equal(replayed, first["log_probs"])  # replaying a pass's own routes changes nothing
+
+    with torch.no_grad():  # the routers move (as an update moves them): fresh routing changes
+        for layer in engine.module.decoder.layers:
+            layer.mlp.router.weight.add_(torch.randn_like(layer.mlp.router.weight) * 3)
+    fresh = engine.compute_log_probs(batch, record_routes=True)
+    assert (fresh["routes"][real] != routes[real]).any()
+    assert torch.equal(engine.compute_log_probs({**batch, "routes": fresh["routes"]})["log_probs"], fresh["log_probs"])
+    old_routes = engine.compute_log_probs({**batch, "routes": routes})["log_probs"]
+    assert not torch.equal(old_routes[real], fresh["log_probs"][real])  # the recorded experts, not today's
+
+    loss_fn = build_actor_loss_fn(ActorConfig())
+    with_replay = engine.train_batch({**batch, "routes": routes}, loss_fn)
+    assert torch.isfinite(torch.tensor(with_replay["actor/loss"]))
