@@ -97,6 +97,8 @@ class BaseTrainer(ABC):
                 "temperature": self.config.rollout.temperature,
                 "top_p": self.config.rollout.top_p,
                 "max_new_tokens": self.config.rollout.max_new_tokens,
+                # R3: rollout keeps each token's experts for the training passes to replay
+                "return_routes": self.config.actor.router_replay == "r3",
             }
             loader = PromptLoader(train_prompts, seed=self.config.run.seed)
             buffer = self.build_replay_buffer(pools, loader, sampling)

@@ -166,6 +166,11 @@ class Config(StrictModel):
     @model_validator(mode="after")
     def _check_consistency(self) -> Config:
         t = self.trainer
+        if self.actor.router_replay == "r3" and self.rollout.engine != "torch":
+            raise ValueError(
+                f"actor.router_replay r3 replays the experts rollout used, and rollout.engine {self.rollout.engine!r} "
+                "does not return them yet; use the built-in engine ('torch') or r2"
+            )
         if t.train_batch_size % t.parameter_sync_step:
             raise ValueError(
                 f"trainer.train_batch_size ({t.train_batch_size}) must be divisible by "

@@ -43,6 +43,8 @@ class SamplingParams:
     """Seed of this call's sampling (None: the engine's own stream): equal seeds, equal samples."""
     ignore_eos: bool = False
     """Keep sampling past EOS until max_new_tokens (benchmarks, and a request long enough to abort)."""
+    return_routes: bool = False
+    """On a mixture-of-experts model, also return each token's experts (``GenerationResult.routes``, R3)."""
 
 
 @dataclass
@@ -64,6 +66,9 @@ class GenerationResult:
     token_versions: list[int]
     """Weight version that produced each token generated now (R-1.4)."""
     stop_reason: StopReason
+    routes: list[list[list[int]]] | None = None
+    """With ``return_routes`` on an MoE model: per token of prompt and response, per MoE layer,
+    the experts it went to ([T][L][k]); the last token, never fed back, gets experts 0..k-1."""
 
 
 @runtime_checkable

@@ -53,6 +53,9 @@ class TorchRolloutEngine:
         model, self.tokenizer = load_policy(model_path)
         self.model = model.to(self.device).eval()
         self.eos_token_id = int(self.tokenizer.eos_token_id)
+        experts = int(getattr(self.model.config, "num_local_experts", 0) or 0)
+        self.moe_top_k = int(self.model.config.num_experts_per_tok) if experts else 0
+        """Experts per token of an MoE policy (0: a dense one, which has no routes to return)."""
         self.pad_token_id = int(self.tokenizer.pad_token_id)
         self.max_batch_size = max_batch_size
         self.version = 0
@@ -103,16 +106,49 @@ class TorchRolloutEngine:
             attention[i, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        eos = None if params.ignore_eos else self.eos_token_id
         budget = [max(params.max_new_tokens - len(r.response_prefix), 0) for r in requests]
         new_ids: list[list[int]] = [[] for _ in requests]
         new_logps: list[list[float]] = [[] for _ in requests]
         stop: list[str | None] = [None if b > 0 else "length" for b in budget]
+        with_routes = params.return_routes and self.moe_top_k > 0
+        routes: list[list[list[list[int]]]] = [[] for _ in requests]  # per row: per fed token, [L][k]
+        chosen: list[torch.Tensor] = []  # each MoE layer's experts for the tokens of the last forward
+        hooks = self._route_hooks(chosen) if with_routes else []
+        try:
+            self._decode(
+                requests, params, generator, input_ids, attention, positions, contexts, budget, new_ids, new_logps,
+                stop, routes, chosen, with_routes,
+            )  # fmt: skip
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return self._results(requests, contexts, new_ids, new_logps, stop, routes, with_routes)
+
+    def _decode(
+        self,
+        requests: list[GenerationRequest],
+        params: SamplingParams,
+        generator: torch.Generator,
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+        contexts: list[list[int]],
+        budget: list[int],
+        new_ids: list[list[int]],
+        new_logps: list[list[float]],
+        stop: list[str | None],
+        routes: list[list[list[list[int]]]],
+        chosen: list[torch.Tensor],
+        with_routes: bool,
+    ) -> None:
+        """The decode loop: sample into ``new_ids`` / ``new_logps`` until every row stops."""
+        batch_size = len(requests)
+        eos = None if params.ignore_eos else self.eos_token_id
         cache = DynamicCache()
         step_ids, step_pos = input_ids, positions
         for step in range(max(budget, default=0)):
             if self._abort.is_set():
-                stop = [s or "aborted" for s in stop]
+                stop[:] = [s or "aborted" for s in stop]
                 break
             logits = self.model(
                 input_ids=step_ids,
@@ -121,6 +157,8 @@ class TorchRolloutEngine:
                 cache=cache,
                 use_cache=True,
             ).logits[:, -1]
+            if with_routes:
+                self._keep_routes(chosen, step_ids.shape, routes, contexts if step == 0 else None)
             tokens, logps = sample_tokens(logits, params.temperature, params.top_p, generator)
             token_list, logp_list = tokens.tolist(), logps.tolist()
             for i in range(batch_size):
@@ -136,6 +174,17 @@ class TorchRolloutEngine:
             step_ids = tokens[:, None]
             step_pos = step_pos[:, -1:] + 1
             attention = torch.cat([attention, attention.new_ones((batch_size, 1))], dim=1)
+
+    def _results(
+        self,
+        requests: list[GenerationRequest],
+        contexts: list[list[int]],
+        new_ids: list[list[int]],
+        new_logps: list[list[float]],
+        stop: list[str | None],
+        routes: list[list[list[list[int]]]],
+        with_routes: bool,
+    ) -> list[GenerationResult]:
         return [
             GenerationResult(
                 request_id=r.request_id,
@@ -144,9 +193,44 @@ class TorchRolloutEngine:
                 log_probs=new_logps[i],
                 token_versions=[self.version] * len(new_ids[i]),
                 stop_reason=stop[i] or "aborted",  # type: ignore[arg-type]
+                routes=self._finish_routes(routes[i], len(contexts[i]) + len(new_ids[i])) if with_routes else None,
             )
             for i, r in enumerate(requests)
         ]
+
+    def _route_hooks(self, chosen: list[torch.Tensor]) -> list[Any]:
+        """Hooks on each MoE layer's router that keep the experts it chose (its third output)."""
+        return [
+            module.register_forward_hook(lambda _module, _inputs, out: chosen.append(out[2]))
+            for name, module in self.model.named_modules()
+            if name.endswith("mlp.gate")
+        ]
+
+    def _keep_routes(
+        self,
+        chosen: list[torch.Tensor],
+        shape: torch.Size,
+        routes: list[list[list[list[int]]]],
+        contexts: list[list[int]] | None,
+    ) -> None:
+        """Append each row's experts for the tokens just fed: the whole context at the first
+        step (its left padding skipped), then each row's last sampled token."""
+        rows, width = shape
+        layers = len(chosen)
+        per_row = torch.stack(chosen).reshape(layers, rows, width, self.moe_top_k).permute(1, 2, 0, 3).tolist()
+        chosen.clear()
+        for i in range(rows):
+            if contexts is not None:
+                routes[i].extend(per_row[i][width - len(contexts[i]) :])
+            else:  # a row that stopped earlier feeds a token of no response: cut off in _finish_routes
+                routes[i].extend(per_row[i])
+
+    def _finish_routes(self, fed: list[list[list[int]]], length: int) -> list[list[list[int]]]:
+        """Routes for ``length`` tokens: the fed ones', then experts 0..k-1 for any token the
+        model never saw (the last sampled one: its output feeds no log-prob)."""
+        layers = len(fed[0]) if fed else int(self.model.config.num_hidden_layers)
+        filler = [list(range(self.moe_top_k)) for _ in range(layers)]
+        return fed[:length] + [filler] * max(length - len(fed), 0)
 
     # -- lifecycle (R-5.3) --------------------------------------------------------------
     def abort(self) -> int:

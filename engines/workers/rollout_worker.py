@@ -129,6 +129,7 @@ class RolloutWorker:
                 "rollout_log_probs": list(old["rollout_log_probs"]) + result.log_probs,
                 "token_versions": versions,
                 "stop_reason": result.stop_reason,
+                **({"routes": result.routes} if result.routes is not None else {}),  # R3: the experts rollout used
                 "group_id": key,
                 "data_source": by_key[key]["data_source"],
                 "ground_truth": by_key[key]["ground_truth"],

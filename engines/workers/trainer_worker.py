@@ -127,9 +127,12 @@ class TrainerWorker:
             return 0
         engine = self.reference if reference else self.engine
         assert engine is not None, "this rank was built without a reference model"
-        records = self._records(partition, keys, [])
-        batch = collate(records, self.pad_token_id)
         pi_old = out_field == "old_log_probs"
+        replay_rollout = pi_old and self.cfg.router_replay == "r3"  # route as rollout did
+        records = self._records(partition, keys, [ROUTES_FIELD] if replay_rollout else [])
+        batch = collate(records, self.pad_token_id)
+        if replay_rollout and records:
+            batch[ROUTES_FIELD] = collate_routes(records, batch["input_ids"].shape[1])
         if pi_old and self.cfg.router_replay == "r2":  # the routes of pi_old's pass, for the update to replay
             out = engine.compute_log_probs(batch, pi_old=True, record_routes=True)
             routes = [row[: len(r["prompt_ids"]) + len(r["response_ids"])].tolist() for row, r in zip(out["routes"], records, strict=True)]
@@ -159,8 +162,11 @@ class TrainerWorker:
             raise KeyError(
                 f"update needs per-token field(s) {missing}; the earlier phases did not write them"
             )
-        if self.cfg.router_replay == "r2" and records and ROUTES_FIELD not in records[0]:
-            raise KeyError(f"actor.router_replay r2 replays the {ROUTES_FIELD!r} of old_log_prob; the records have none")
+        if self.cfg.router_replay != "off" and records and ROUTES_FIELD not in records[0]:
+            source = "old_log_prob" if self.cfg.router_replay == "r2" else "rollout"
+            raise KeyError(
+                f"actor.router_replay {self.cfg.router_replay} replays the {ROUTES_FIELD!r} of {source}; the records have none"
+            )
         fields += [f for f in OPTIONAL_TOKEN_FIELDS if records and f in records[0]]
         sums: dict[str, float] = {}
         steps = 0
@@ -169,7 +175,7 @@ class TrainerWorker:
             for part in range(num_mini_batches):
                 chunk = records[part::num_mini_batches] if num_mini_batches > 1 else records
                 batch = collate(chunk, self.pad_token_id, fields)
-                if self.cfg.router_replay == "r2":
+                if self.cfg.router_replay != "off":  # r2: old_log_prob's routes; r3: rollout's
                     batch[ROUTES_FIELD] = collate_routes(chunk, batch["input_ids"].shape[1])
                     replayed += float(batch["attention_mask"].sum())
                 step_metrics = self.engine.train_batch(batch, self.loss_fn)
@@ -309,10 +315,11 @@ class TrainerWorker:
 
 
 def collate_routes(records: list[dict[str, Any]], width: int) -> torch.Tensor:
-    """The records' ``routes`` as one right-padded tensor [B, width, L, k] (zeros past a row's end)."""
+    """The records' ``routes`` as one right-padded tensor [B, width, L, k]; past a row's end (its
+    padding, whose outputs feed nothing) each layer gets experts 0..k-1."""
     rows = [torch.tensor(r[ROUTES_FIELD], dtype=torch.long) for r in records]
     shape = rows[0].shape[1:] if rows else (0, 0)
-    out = torch.zeros((len(records), width, *shape), dtype=torch.long)
+    out = torch.arange(shape[-1] if shape else 0, dtype=torch.long).expand(len(records), width, *shape).clone()
     for i, row in enumerate(rows):
         out[i, : row.shape[0]] = row
     return out

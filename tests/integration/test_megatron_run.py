@@ -39,13 +39,15 @@ def test_a_run_with_the_model_split_over_two_ranks_trains_and_saves_the_whole_po
     assert model.config.num_hidden_layers > 0
 
 
-def test_an_moe_run_replays_old_log_probs_routes_in_the_update(
-    small_run_config: dict[str, Any], tiny_moe_dir: Path, ray_local
+@pytest.mark.parametrize("replay", ["r2", "r3"])
+def test_an_moe_run_routes_its_training_passes_by_recorded_experts(
+    small_run_config: dict[str, Any], tiny_moe_dir: Path, ray_local, replay: str
 ) -> None:
-    """R2 in a run: the old_log_prob phase records each token's experts on the record
-    (``routes``: prompt and response, every MoE layer, top k), the update routes by them."""
+    """Router replay in a run. R2: the old_log_prob phase records each token's experts on the
+    record (``routes``: prompt and response, every MoE layer, top k), the update routes by
+    them. R3: rollout records them, and old_log_prob and the update route by them."""
     small_run_config["model"]["path"] = str(tiny_moe_dir)
-    trainer = fit_sync_run(small_run_config, 2, actor={"engine": "megatron", "router_replay": "r2"})
+    trainer = fit_sync_run(small_run_config, 2, actor={"engine": "megatron", "router_replay": replay})
     metrics = read_metrics(trainer.run_dir)
     assert [m["step"] for m in metrics] == [1, 2] and all("actor/loss" in m for m in metrics)
     assert all(m["actor/router_replay_tokens"] > 0 for m in metrics), metrics

@@ -34,6 +34,11 @@ def test_torch_is_the_default_of_both_sections() -> None:
             ["actor.engine=megatron", "actor.num_ranks=3", "actor.megatron.pipeline_parallel_size=2"],
             "actor.num_ranks=3 is not divisible by actor.megatron.tensor_parallel_size x pipeline_parallel_size = 2",
         ),
+        ("actor.router_replay=r2", "actor.router_replay 'r2' replays megatron-core's MoE routers"),
+        (
+            ["actor.engine=megatron", "actor.router_replay=r3", "rollout.engine=sglang"],
+            "actor.router_replay r3 replays the experts rollout used, and rollout.engine 'sglang' does not",
+        ),
     ],
 )
 def test_an_unregistered_engine_fails_at_load_with_its_dotted_path(override: str | list[str], message: str) -> None:

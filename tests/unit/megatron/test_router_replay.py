@@ -74,3 +74,28 @@ def test_recorded_routes_route_a_later_pass_exactly(tiny_moe_dir: Path) -> None:
     loss_fn = build_actor_loss_fn(ActorConfig())
     with_replay = engine.train_batch({**batch, "routes": routes}, loss_fn)
     assert torch.isfinite(torch.tensor(with_replay["actor/loss"]))
+
+
+def test_routes_captured_by_rollout_give_the_rollout_log_probs_in_training(tiny_moe_dir: Path) -> None:
+    """R3: the built-in rollout engine keeps each token's experts (prompt and response); the
+    training engine routed by them scores the sampled tokens as rollout did."""
+    from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
+    from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
+    from rl_train.engines.workers.trainer_worker import collate_routes
+    from rl_train.storage.records import scatter_response
+
+    rollout = TorchRolloutEngine(tiny_moe_dir, seed=0)
+    requests = [GenerationRequest(str(i), [1, *range(5, 7 + i % 3)]) for i in range(6)]
+    results = rollout.generate(requests, SamplingParams(1.0, 1.0, 6, return_routes=True))
+    records = [{"prompt_ids": r.prompt_ids, "response_ids": r.response_ids, "routes": r.routes} for r in results]
+    for record in records:
+        assert len(record["routes"]) == len(record["prompt_ids"]) + len(record["response_ids"])
+        assert all(len(layer) == TOP_K for token in record["routes"] for layer in token)
+    assert rollout.generate(requests[:1], SamplingParams(1.0, 1.0, 2))[0].routes is None  # only when asked
+
+    engine = build_training_engine("megatron", tiny_moe_dir, ActorConfig(engine="megatron"), 10, 1.0, 0)
+    batch = collate(records, 0)
+    batch["routes"] = collate_routes(records, batch["input_ids"].shape[1])
+    replayed = scatter_response(engine.compute_log_probs(batch)["log_probs"], records)
+    for result, log_probs in zip(results, replayed, strict=True):
+        torch.testing.assert_close(torch.tensor(log_probs), torch.tensor(result.log_probs), atol=1e-5, rtol=0)
