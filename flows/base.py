@@ -13,7 +13,8 @@ from typing import Any
 from prefect import flow
 
 from rl_train.config import Config, ConfigError, config_to_yaml, mode_config_errors
-from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray, find_cause
+from rl_train.engines.workers.errors import find_cause
+from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
 from rl_train.flows.checkpointing import DriverState, RunCheckpointer, read_driver_state
 from rl_train.flows.context import RunContext
 from rl_train.flows.resume import LEDGER_FILE, RunStart, checkpoint_store, open_run_files, plan_run_start

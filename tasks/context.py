@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_train.config import Config
-from rl_train.engines.workers.pools import RunGoneError, WorkerPools
+from rl_train.engines.workers.errors import RunGoneError
+from rl_train.engines.workers.pools import WorkerPools
 from rl_train.storage.dataset import load_prompts
 
 __all__ = ["RunGoneError", "RunHandle", "attach_run", "detach_run", "join_run"]

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rl_train.engines.workers.pools import is_transient
+from rl_train.engines.workers.errors import is_transient
 
 RETRIES = 2
 RETRY_DELAYS_SECONDS = [1.0, 4.0]

@@ -21,6 +21,7 @@ from ray.util.placement_group import remove_placement_group
 
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
 from rl_train.engines.workers.critic_worker import CriticWorker
+from rl_train.engines.workers.errors import RunGoneError
 from rl_train.engines.workers.named_actor import NamedActor
 from rl_train.engines.workers.placement import plan_placement, realize
 from rl_train.engines.workers.queue_worker import GREEDY_PARTITION, QueueWorker
@@ -38,38 +39,6 @@ REWARD_MAX_RESTARTS = 3
 """A reward worker holds no state: Ray restarts it and the retried reward task goes on."""
 CHECKPOINT_GROUP = "checkpoint"
 """The training and critic actors' group for checkpoint writes, beside the next step's work."""
-
-
-class RunGoneError(RuntimeError):
-    """The run's actors cannot be reached from this process (the run ended, or another cluster)."""
-
-
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    ray.exceptions.RayActorError,  # died (and may be restarting) or unavailable for a moment
-    ray.exceptions.GetTimeoutError,
-    ConnectionError,
-    TimeoutError,
-)
-
-
-def find_cause(exc: BaseException, types: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
-    """``exc`` or the first error in its chain of causes that is one of ``types``, also when it
-    was raised inside an actor's task (a ``RayTaskError`` carries the remote exception)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, types):
-            return current
-        cause = getattr(current, "cause", None)
-        current = cause if isinstance(cause, BaseException) else current.__cause__
-    return None
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether an error may pass on a second try: a worker that died and is being restarted, a
-    timeout, a dropped connection, also when it surfaced inside another actor's task."""
-    return find_cause(exc, TRANSIENT_ERRORS) is not None
 
 
 def run_namespace(run_id: str) -> str:

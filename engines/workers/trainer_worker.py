@@ -135,7 +135,10 @@ class TrainerWorker:
             batch[ROUTES_FIELD] = collate_routes(records, batch["input_ids"].shape[1])
         if pi_old and self.cfg.router_replay == "r2":  # the routes of pi_old's pass, for the update to replay
             out = engine.compute_log_probs(batch, pi_old=True, record_routes=True)
-            routes = [row[: len(r["prompt_ids"]) + len(r["response_ids"])].tolist() for row, r in zip(out["routes"], records, strict=True)]
+            routes = [
+                row[: len(r["prompt_ids"]) + len(r["response_ids"])].tolist()
+                for row, r in zip(out["routes"], records, strict=True)
+            ]
         else:
             out, routes = engine.compute_log_probs(batch, pi_old=pi_old), None
         values = scatter_response(out["log_probs"], records)

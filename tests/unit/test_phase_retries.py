@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from rl_train import tasks
-from rl_train.engines.workers.pools import is_transient
+from rl_train.engines.workers.errors import is_transient
 from rl_train.tasks.retry import RETRIES, call_with_retries
 
 
