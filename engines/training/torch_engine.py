@@ -22,20 +22,7 @@ from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.micro_batch import split_micro_batches
 from rl_train.engines.training.protocol import Batch, LossFn
 from rl_train.engines.training.snapshot import WeightSnapshots
-
-
-def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log p(input_ids[t] | input_ids[:t]) at position t, [B, T]; position 0 gets 0."""
-    log_probs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    chosen = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(chosen, (1, 0))
-
-
-def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy of the next-token distribution that produced position t, [B, T]."""
-    log_probs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return torch.nn.functional.pad(entropy, (1, 0))
+from rl_train.engines.training.token_outputs import token_entropy, token_log_probs
 
 
 def lr_lambda(cfg: ActorConfig, horizon_steps: int):

@@ -30,6 +30,7 @@ from rl_train.engines.training.megatron.moe_bridge import (
     stop_routing_control,
 )
 from rl_train.engines.training.protocol import Batch, LossFn
+from rl_train.engines.training.token_outputs import token_entropy, token_log_probs
 
 
 def check_right_padded(attention_mask: torch.Tensor) -> None:
@@ -46,18 +47,6 @@ def split_batch(batch: Batch, micro_batch_size: int) -> list[Batch]:
     """Consecutive micro-batches of ``micro_batch_size`` rows (the last may be shorter)."""
     size = batch["input_ids"].shape[0]
     return [{k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)]
-
-
-def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log p(input_ids[t] | input_ids[:t]) at position t, [B, T]; position 0 gets 0."""
-    log_probs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    return torch.nn.functional.pad(log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))
-
-
-def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy of the next-token distribution that produced position t, [B, T]; position 0 gets 0."""
-    log_probs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    return torch.nn.functional.pad(-(log_probs.exp() * log_probs).sum(-1), (1, 0))
 
 
 def token_outputs(

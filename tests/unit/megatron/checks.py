@@ -41,9 +41,9 @@ from rl_train.engines.training.megatron.schedule import (
     forward_backward,
     forward_log_probs,
     split_batch,
-    token_log_probs,
 )
 from rl_train.engines.training.registry import build_training_engine
+from rl_train.engines.training.token_outputs import token_log_probs
 from rl_train.storage.records import collate
 
 SETTINGS = {"lr": 1e-3, "weight_decay": 0.0, "betas": (0.9, 0.999), "grad_clip": 1.0}
