@@ -72,7 +72,8 @@ class BenchState:
 
 def demo_state() -> BenchState:
     """The tiny demo policy's weights and an AdamW state after one step on a fake loss."""
-    from rl_train.engines.model.tiny import create_tiny_policy, load_policy
+    from rl_train.engines.model.loading import load_policy
+    from rl_train.engines.model.tiny import create_tiny_policy
 
     with tempfile.TemporaryDirectory(prefix="rlt-ckpt-bench-") as folder:
         model, _ = load_policy(create_tiny_policy(Path(folder) / "policy", seed=0, pretrain_steps=0))

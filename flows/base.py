@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect import flow
 
+from rl_train import startup_clock
 from rl_train.config import Config, ConfigError, config_to_yaml, mode_config_errors
 from rl_train.engines.workers.errors import find_cause
 from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
@@ -93,6 +94,7 @@ class BaseTrainer(ABC):
             self._open_run_files(start, store)
         ensure_ray(self.config.ray.address, self.config.ray.num_cpus)
         pools = WorkerPools.create(self.run_id, self.config, self.worker_classes)
+        startup_clock.mark("workers")
         try:
             sampling = {
                 "temperature": self.config.rollout.temperature,
@@ -108,6 +110,7 @@ class BaseTrainer(ABC):
             if start.kind == "resume":
                 step = self._restore_newest(store, start.checkpoint_step) if start.checkpoint_step else 0
                 self._open_run_files(RunStart("resume", step), store)
+                startup_clock.mark("restored")
                 end_stale_steps(step)  # a retried flow run: the killed attempt's steps, on its page
             attach_run(RunHandle(self.run_id, self.config, pools))
             self.metrics.write_text("config.yaml", config_to_yaml(self.config))
@@ -224,6 +227,10 @@ class BaseTrainer(ABC):
                 self.metrics.write(metrics)
                 self.ledger.write({"step": step, "groups": self.context.take_trained()})
                 self._print_progress(metrics)
+                if not startup_clock.MARKS.get("first_step"):
+                    startup_clock.mark("first_step")
+                    if startup_clock.report_requested():
+                        print(startup_clock.report(), file=sys.stderr, flush=True)
                 held = self._checkpoint(step)
             if self.checkpointer is not None:
                 self.checkpointer.close()

@@ -5,11 +5,13 @@ Ray (its head processes), Prefect's temporary API server when no ``PREFECT_API_U
 (a subprocess that takes seconds to answer), and the imports of torch, transformers and the
 flow and worker modules (CPU in this process). Started one after the other they add up.
 
-``warm_start`` starts Ray in the calling (main) thread, which Ray requires for its signal
-handlers, while a helper thread starts Prefect's API (when the run uses Prefect and needs a
-temporary one) and then does the imports. Ray mostly waits on its own processes, and
-Prefect's server is a process of its own too, so the three overlap even on two cores. The
-helper is joined before returning, and an error it met is raised here.
+``warm_start`` first launches Prefect's temporary API server (when the run uses Prefect and
+no server is configured: ``flows/prefect_api.py``, which does not import Prefect to do so),
+then starts Ray in the calling (main) thread, which Ray requires for its signal handlers,
+while a helper thread does the imports and then waits for the API to answer. Ray mostly
+waits on its own processes, and Prefect's server is a process of its own too, so the three
+overlap even on two cores. The helper is joined before returning, and an error it met is
+raised here.
 
 This module imports neither torch nor Prefect nor the workers: that is its point.
 """
@@ -21,6 +23,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+
+from rl_train import startup_clock
 
 HEAVY_MODULES = ("rl_train.flows.train", "rl_train.flows.registry")
 """What a training run imports anyway: the trainer modes, the pools and every worker class."""
@@ -38,17 +42,9 @@ class StartupTimes:
 
 def needs_temporary_prefect_api(use_prefect: bool) -> bool:
     """Whether this process would start Prefect's throwaway API (no server configured)."""
-    if not use_prefect or os.environ.get("PREFECT_API_URL"):
+    if not use_prefect or os.environ.get("PREFECT_API_URL"):  # the user's server, or ours already up
         return False
     return os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "true").lower() not in ("0", "false", "no")
-
-
-def start_prefect_api() -> None:
-    """Start (or find running) the temporary API server Prefect gives a process without a
-    configured one; the flow run that follows then finds it up."""
-    from prefect.server.api.server import SubprocessASGIServer
-
-    SubprocessASGIServer().start()
 
 
 def warm_start(ray_address: str | None, ray_num_cpus: int | None, use_prefect: bool) -> StartupTimes:
@@ -56,15 +52,24 @@ def warm_start(ray_address: str | None, ray_num_cpus: int | None, use_prefect: b
     started = time.perf_counter()
     times = StartupTimes()
     errors: list[BaseException] = []
+    api = None
+    if needs_temporary_prefect_api(use_prefect):
+        from rl_train.flows.prefect_api import TemporaryPrefectAPI
+
+        timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
+        api = TemporaryPrefectAPI(timeout)
+        api.start()  # in this (main) thread: the server lives as long as it
 
     def helper() -> None:
         try:
-            if needs_temporary_prefect_api(use_prefect):
-                start_prefect_api()
-                times.prefect = time.perf_counter() - started
             for name in HEAVY_MODULES:
                 importlib.import_module(name)
             times.imports = time.perf_counter() - started
+            startup_clock.mark("imports")
+            if api is not None:
+                api.wait_ready()
+                times.prefect = time.perf_counter() - started
+                startup_clock.mark("prefect_api")
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
 
@@ -75,6 +80,7 @@ def warm_start(ray_address: str | None, ray_num_cpus: int | None, use_prefect: b
     try:
         ensure_ray(ray_address, ray_num_cpus)
         times.ray = time.perf_counter() - started
+        startup_clock.mark("ray")
     finally:
         thread.join()
     if errors:

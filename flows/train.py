@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run as this_flow_run
 
+from rl_train import startup_clock
 from rl_train.config import Config, load_config
 from rl_train.flows.deployment_run import deployment_config, under_root
 from rl_train.flows.registry import get_trainer_class
@@ -59,6 +60,7 @@ def train_flow(
     file's included, resolve under it, and a run that names no ``run.name`` gets its own
     (``rl_train.flows.deployment_run``).
     """
+    startup_clock.mark("flow")
     if root is None:
         return run_training(resolve_config(config, overrides, resolved, mode))
     cfg = resolve_config(under_root(config, root) if config else None, overrides, resolved, mode)

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from rl_train import startup_clock
 from rl_train.runtime import apply_local_defaults
 
 apply_local_defaults()  # before Prefect is first imported; the user's own settings win
@@ -168,6 +169,7 @@ def _train(args: argparse.Namespace) -> int:
         args.config, pinned = resume_overrides(args.resume)
         args.overrides = [*args.overrides, *pinned]
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
+    startup_clock.mark("config")
     from rl_train.storage.dataset import DatasetError
     from rl_train.storage.metrics import RunDirectoryExistsError
 
@@ -179,6 +181,7 @@ def _train(args: argparse.Namespace) -> int:
     except (FileNotFoundError, RunDirectoryExistsError) as exc:
         print(f"rl-train: {exc}", file=sys.stderr)
         return 2
+    startup_clock.mark("inputs")
     use_prefect = not args.no_prefect and config.trainer.use_prefect
     from rl_train.flows.startup import warm_start
 

@@ -43,6 +43,8 @@ class ModelConfig(StrictModel):
     """Create the built-in tiny policy at `path` when the directory does not exist."""
     pretrain_steps: int = Field(300, ge=0)
     """Format-pretraining steps when the built-in policy is created."""
+    impl: Literal["auto", "native", "transformers"] = "auto"
+    """The torch engines' model code: native (plain torch, for the dense Qwen2/Llama models it covers: starts and decodes faster), transformers (any model), or auto (native where it covers the model)."""
 
 
 class DataConfig(StrictModel):
@@ -105,9 +107,12 @@ class RolloutConfig(StrictModel):
     sglang: SglangConfig = Field(default_factory=SglangConfig)
     """The sglang server of engine sglang: attach or launch, timeouts, how weights reach it."""
 
-    def engine_options(self) -> dict[str, Any] | None:
-        """The chosen engine's own section, as its builder takes it (None: it has none)."""
-        return self.sglang.model_dump() if self.engine == "sglang" else None
+    def engine_options(self, model_impl: str = "auto") -> dict[str, Any] | None:
+        """The chosen engine's own section, as its builder takes it: ``rollout.sglang`` for
+        sglang, the model's implementation (``model.impl``) for torch."""
+        if self.engine == "sglang":
+            return self.sglang.model_dump()
+        return {"model_impl": model_impl} if self.engine == "torch" else None
 
     @field_validator("temperature")
     @classmethod

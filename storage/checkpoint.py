@@ -35,11 +35,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from rl_train.storage.background_writer import BackgroundWriter
 from rl_train.storage.checkpoint_folders import (
@@ -69,8 +68,9 @@ from rl_train.storage.checkpoint_manifest import (
     parse_manifest,
 )
 from rl_train.storage.checkpoint_trust import VerifiedFiles
-from rl_train.storage.state_pack import pack_state, unpack_state
-from rl_train.storage.tensor_file import TensorFileError, read_tensor_file, write_tensor_file
+
+if TYPE_CHECKING:  # torch is imported where tensors are written or read: a run's driver
+    import torch  # plans its start (fresh, resume) from this module before it needs torch
 
 __all__ = [
     "BackgroundWriter",
@@ -196,12 +196,16 @@ class CheckpointStore:
         metadata: dict[str, str] | None = None,
     ) -> PartEntry:
         """A safetensors file, streamed one tensor at a time; bit-exact for every dtype."""
+        from rl_train.storage.tensor_file import write_tensor_file
+
         return self._write(step, relpath, lambda writer: write_tensor_file(writer.write, tensors, metadata))
 
     def write_state(self, step: int, relpath: str, state: Any) -> list[PartEntry]:
         """A nested state as one file, ``<relpath>.safetensors``: its tensors, and the rest as
         strict JSON in the file's metadata (see ``state_pack`` for what round-trips and how).
         One file, not a tensor file and a JSON file: on S3 each file is a request."""
+        from rl_train.storage.state_pack import pack_state
+
         skeleton, tensors = pack_state(state)
         document = json.dumps({"format": STATE_FORMAT, "state": skeleton}, allow_nan=False)
         return [self.write_tensors(step, f"{relpath}.safetensors", tensors, {STATE_METADATA_KEY: document})]
@@ -396,6 +400,8 @@ class CheckpointStore:
         return self._read_tensor_file(step, relpath)[0]
 
     def _read_tensor_file(self, step: int, relpath: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        from rl_train.storage.tensor_file import TensorFileError, read_tensor_file
+
         with self._open_verified(step, relpath) as reader:
             try:
                 return read_tensor_file(reader.read_exact, reader.readinto_exact, reader.expected.size)
@@ -410,6 +416,8 @@ class CheckpointStore:
             where, document = f"{relpath}.json", self.read_json(step, f"{relpath}.json")
         if not isinstance(document, dict) or document.get("format") not in (1, STATE_FORMAT):
             raise CheckpointCorruptError(f"{self.step_uri(step)}/{where}: not a state skeleton")
+        from rl_train.storage.state_pack import unpack_state
+
         return unpack_state(document["state"], tensors)
 
     def download_dir(self, step: int, relprefix: str, dest: str | Path) -> Path:

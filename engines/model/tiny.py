@@ -15,9 +15,9 @@ import random
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from rl_train.engines.model.tokenizer import build_char_tokenizer, load_tokenizer
+from rl_train.engines.model.tokenizer import build_char_tokenizer
 
 
 def tiny_qwen2_config(
@@ -107,9 +107,3 @@ def create_tiny_policy(
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
-
-
-def load_policy(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, object]:
-    """Load an HF-format policy and its tokenizer from a local directory, offline."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-    return model, load_tokenizer(path)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModel
 
 from rl_train.engines.model.tokenizer import load_tokenizer
 
@@ -37,6 +36,8 @@ class ValueModel(torch.nn.Module):
 
 def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[ValueModel, object]:
     """The critic for the policy at ``path`` (a local HF directory, read offline) and its tokenizer."""
+    from transformers import AutoModel
+
     backbone = AutoModel.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     model = ValueModel(backbone, int(backbone.config.hidden_size)).to(dtype)
     return model, load_tokenizer(path)

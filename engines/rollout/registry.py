@@ -27,9 +27,11 @@ class RolloutEngineBuilder(Protocol):
 def _build_torch(
     model_path: str | Path, *, seed: int, device: str, options: dict[str, Any] | None
 ) -> RolloutEngine:
+    """``options``: ``{"model_impl": ...}`` (``model.impl``), or None for auto."""
     from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
 
-    return TorchRolloutEngine(model_path, seed=seed, device=device)
+    impl = str((options or {}).get("model_impl", "auto"))
+    return TorchRolloutEngine(model_path, seed=seed, device=device, model_impl=impl)
 
 
 def _build_sglang(

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from rl_train.engines.model.tiny import load_policy
+from rl_train.engines.model.loading import load_policy, new_kv_cache
 from rl_train.engines.rollout.protocol import (
     EngineStateError,
     GenerationRequest,
@@ -47,10 +46,15 @@ HOST = torch.device("cpu")
 
 class TorchRolloutEngine:
     def __init__(
-        self, model_path: str | Path, seed: int = 0, max_batch_size: int = 1024, device: str = "cpu"
+        self,
+        model_path: str | Path,
+        seed: int = 0,
+        max_batch_size: int = 1024,
+        device: str = "cpu",
+        model_impl: str = "auto",
     ) -> None:
         self.device = torch.device(device)
-        model, self.tokenizer = load_policy(model_path)
+        model, self.tokenizer = load_policy(model_path, impl=model_impl)
         self.model = model.to(self.device).eval()
         self.eos_token_id = int(self.tokenizer.eos_token_id)
         experts = int(getattr(self.model.config, "num_local_experts", 0) or 0)
@@ -144,7 +148,7 @@ class TorchRolloutEngine:
         """The decode loop: sample into ``new_ids`` / ``new_logps`` until every row stops."""
         batch_size = len(requests)
         eos = None if params.ignore_eos else self.eos_token_id
-        cache = DynamicCache()
+        cache = new_kv_cache(self.model)
         step_ids, step_pos = input_ids, positions
         for step in range(max(budget, default=0)):
             if self._abort.is_set():

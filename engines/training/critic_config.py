@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from rl_train.algorithms.config import ValueLossConfig
+from rl_train.algorithms.config import ValueLossConfig, estimator_reads_critic, norm_length_problem
 
 
 class CriticConfig(ValueLossConfig):
@@ -54,9 +54,7 @@ class CriticConfig(ValueLossConfig):
 
     @model_validator(mode="after")
     def _norm_length_given(self) -> CriticConfig:
-        from rl_train.algorithms.aggregation import norm_length_error
-
-        error = norm_length_error(self.loss_agg_mode, self.loss_agg_norm_length)
+        error = norm_length_problem(self.loss_agg_mode, self.loss_agg_norm_length)
         if error:
             raise ValueError(error)
         return self
@@ -69,9 +67,7 @@ def check_critic_enable(critic: CriticConfig, adv_estimator: str) -> bool:
     an estimator that reads values cannot run without a critic, and a critic that nothing
     reads would only cost a second model's compute.
     """
-    from rl_train.algorithms.advantage import estimator_needs
-
-    needed = estimator_needs(adv_estimator).critic
+    needed = estimator_reads_critic(adv_estimator)
     if critic.enable is None or critic.enable == needed:
         return needed
     if needed:

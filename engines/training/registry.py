@@ -23,21 +23,38 @@ if TYPE_CHECKING:
 
 class TrainingEngineBuilder(Protocol):
     def __call__(
-        self, model_path: str | Path, cfg: ActorConfig, horizon_steps: int, temperature: float, seed: int
+        self,
+        model_path: str | Path,
+        cfg: ActorConfig,
+        horizon_steps: int,
+        temperature: float,
+        seed: int,
+        model_impl: str = "auto",
     ) -> TrainingEngine: ...
 
 
 def _build_torch(
-    model_path: str | Path, cfg: ActorConfig, horizon_steps: int, temperature: float, seed: int
+    model_path: str | Path,
+    cfg: ActorConfig,
+    horizon_steps: int,
+    temperature: float,
+    seed: int,
+    model_impl: str = "auto",
 ) -> TrainingEngine:
     from rl_train.engines.training.torch_engine import TorchTrainingEngine
 
-    return TorchTrainingEngine(model_path, cfg, horizon_steps, temperature, seed)
+    return TorchTrainingEngine(model_path, cfg, horizon_steps, temperature, seed, model_impl)
 
 
 def _build_megatron(
-    model_path: str | Path, cfg: ActorConfig, horizon_steps: int, temperature: float, seed: int
+    model_path: str | Path,
+    cfg: ActorConfig,
+    horizon_steps: int,
+    temperature: float,
+    seed: int,
+    model_impl: str = "auto",
 ) -> TrainingEngine:
+    """(megatron builds its own GPTModel: ``model_impl`` does not apply)"""
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
         raise ModuleNotFoundError("actor.engine=megatron needs megatron-core: pip install 'rl-train[megatron]'")
     from rl_train.engines.training.megatron.engine import MegatronTrainingEngine
@@ -57,13 +74,15 @@ def build_training_engine(
     horizon_steps: int,
     temperature: float = 1.0,
     seed: int = 0,
+    model_impl: str = "auto",
 ) -> TrainingEngine:
     """The engine registered as ``name``: the policy at ``model_path`` with ``cfg``'s optimizer.
 
     ``horizon_steps`` is the LR schedule's length in optimizer steps; ``temperature`` the
-    one rollout samples at, which the log-probs divide the logits by.
+    one rollout samples at, which the log-probs divide the logits by; ``model_impl`` the
+    torch engine's model code (``model.impl``).
     """
-    return TRAINING_ENGINES.get(name)(model_path, cfg, horizon_steps, temperature, seed)
+    return TRAINING_ENGINES.get(name)(model_path, cfg, horizon_steps, temperature, seed, model_impl)
 
 
 def _known_training_engine(name: str) -> str:

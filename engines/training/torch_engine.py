@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rl_train.engines.model.tiny import load_policy
+from rl_train.engines.model.loading import load_policy, save_policy
 from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.lazy_dynamo import optimizers_without_compiler
 from rl_train.engines.training.micro_batch import split_micro_batches
 from rl_train.engines.training.protocol import Batch, LossFn
 from rl_train.engines.training.snapshot import WeightSnapshots
@@ -47,11 +48,13 @@ class TorchTrainingEngine:
         horizon_steps: int,
         temperature: float = 1.0,
         seed: int = 0,
+        model_impl: str = "auto",
     ) -> None:
         torch.manual_seed(seed)
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         self.device = torch.device(cfg.device)
-        model, self.tokenizer = load_policy(model_path, dtype=dtype)
+        self.model_path = Path(model_path)
+        model, self.tokenizer = load_policy(model_path, dtype=dtype, impl=model_impl)
         self.model = model.to(self.device)
         self.cfg = cfg
         self.temperature = temperature
@@ -60,6 +63,7 @@ class TorchTrainingEngine:
         self.sharded = bool(cfg.fsdp) and self.distributed
         if self.sharded:
             shard_model(self.model)
+        optimizers_without_compiler()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
@@ -231,14 +235,12 @@ class TorchTrainingEngine:
         }
 
     def save_pretrained(self, path: Path) -> None:
-        if not self.sharded:
-            self.model.save_pretrained(path, safe_serialization=True)
-        else:  # the whole model, gathered as every rank's export gathers it; the first rank writes
+        whole = None
+        if self.sharded:  # the whole model, gathered as every rank's export gathers it; the first rank writes
             whole = dict(self.export_weights())
             if dist.get_rank() != 0:
                 return
-            self.model.save_pretrained(path, state_dict=whole, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+        save_policy(self.model, self.tokenizer, self.model_path, path, whole)
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         if not self.sharded:

@@ -1,24 +1,29 @@
 """Weight sync: moving trained weights from the training engine to rollout engines (R-8).
 
 Backends register in ``WEIGHT_SYNC_BACKENDS`` and are chosen by ``rollout.weight_sync.backend``.
+The names below are imported when first used, so that the config (which only needs
+``WeightSyncConfig``) does not import torch.
 """
 
-from rl_train.engines.weight_sync.base import (
-    WEIGHT_SYNC_BACKENDS,
-    NamedTensors,
-    WeightReceiver,
-    WeightSender,
-    WeightSyncBackend,
-    build_weight_sync_backend,
-)
-from rl_train.engines.weight_sync.config import WeightSyncConfig
+from __future__ import annotations
 
-__all__ = [
-    "WEIGHT_SYNC_BACKENDS",
-    "NamedTensors",
-    "WeightReceiver",
-    "WeightSender",
-    "WeightSyncBackend",
-    "WeightSyncConfig",
-    "build_weight_sync_backend",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "WEIGHT_SYNC_BACKENDS": "base",
+    "NamedTensors": "base",
+    "WeightReceiver": "base",
+    "WeightSender": "base",
+    "WeightSyncBackend": "base",
+    "build_weight_sync_backend": "base",
+    "WeightSyncConfig": "config",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -12,6 +12,11 @@ from pydantic import Field, model_validator
 
 from rl_train.algorithms.config import StrictModel
 
+BUILTIN_BACKENDS = {"naive": False, "bucketed": True, "delta": True}
+"""The built-in backends and whether each moves its bytes over ``transport``: checked here
+without importing them (and torch) at config load; ``tests/unit/weight_sync`` holds this
+table to the registry. Another name is looked up in the registry itself."""
+
 
 class WeightSyncConfig(StrictModel):
     backend: str = "naive"
@@ -35,16 +40,20 @@ class WeightSyncConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check_available(self) -> WeightSyncConfig:
-        from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, import_builtin_backends
-        from rl_train.engines.weight_sync.transports import check_transport_available
+        uses_transport = BUILTIN_BACKENDS.get(self.backend)
+        if uses_transport is None:
+            from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, import_builtin_backends
 
-        import_builtin_backends()
-        if self.backend not in WEIGHT_SYNC_BACKENDS:
-            raise ValueError(
-                f"rollout.weight_sync.backend: unknown backend {self.backend!r}; "
-                f"available: {', '.join(WEIGHT_SYNC_BACKENDS.names())}"
-            )
-        if WEIGHT_SYNC_BACKENDS.get(self.backend).uses_transport:
+            import_builtin_backends()
+            if self.backend not in WEIGHT_SYNC_BACKENDS:
+                raise ValueError(
+                    f"rollout.weight_sync.backend: unknown backend {self.backend!r}; "
+                    f"available: {', '.join(WEIGHT_SYNC_BACKENDS.names())}"
+                )
+            uses_transport = bool(WEIGHT_SYNC_BACKENDS.get(self.backend).uses_transport)
+        if uses_transport:
+            from rl_train.engines.weight_sync.transports import check_transport_available
+
             try:
                 check_transport_available(self.transport)
             except ValueError as exc:

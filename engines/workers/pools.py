@@ -19,6 +19,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import remove_placement_group
 
+from rl_train import startup_clock
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
 from rl_train.engines.workers.critic_worker import CriticWorker
 from rl_train.engines.workers.errors import RunGoneError
@@ -112,6 +113,13 @@ class WorkerPools:
     """The model is split over the training ranks (tensor or pipeline parallel): every export of
     rank 0 is a collective that the other ranks join."""
 
+    def warm_up(self) -> None:
+        """Ask the queue and the trainers to build, on threads of their own, what they first
+        need after the first batch is generated (fire and forget: a failure shows at first use)."""
+        self.tq.warm_up.remote()
+        for trainer in self.trainers:
+            trainer.warm_up.remote()
+
     @property
     def export_peers(self) -> list[Any]:
         """The training ranks that join rank 0's exports (none unless the model is split)."""
@@ -150,25 +158,9 @@ class WorkerPools:
             queue_by_name = NamedActor(QUEUE_ACTOR, ns)  # for actors Ray restarts (see named_actor)
             model_path = str(config.model.path)
             tool_env = config.rollout.tool_env.model_dump()
-            rollout_options = config.rollout.engine_options()
-            rollouts = [
-                make(
-                    classes.rollout,
-                    f"rollout-{i}",
-                    model_path,
-                    queue_by_name,
-                    config.run.seed + 1000 * i,
-                    config.rollout.num_threads,
-                    tool_env,
-                    config.rollout.engine,
-                    rollout_options,
-                    config.rollout.device,
-                    max_concurrency=2,
-                    max_restarts=ROLLOUT_MAX_RESTARTS,
-                    **rollout_places[i],
-                )
-                for i in range(config.rollout.num_replicas)
-            ]
+            rollout_options = config.rollout.engine_options(config.model.impl)
+            # the trainers first: the heaviest to start, and Ray starts only as many worker
+            # processes at once as the node has CPUs
             world = config.actor.num_ranks
             trainers = [
                 make(
@@ -187,10 +179,29 @@ class WorkerPools:
                     tool_env,  # the spare rescue engine meets the same tools
                     config.rollout.engine,
                     rollout_options,
+                    config.model.impl,
                     groups={SYNC_GROUP: 1, CHECKPOINT_GROUP: 1},
                     **trainer_places[rank],
                 )
                 for rank in range(world)
+            ]
+            rollouts = [
+                make(
+                    classes.rollout,
+                    f"rollout-{i}",
+                    model_path,
+                    queue_by_name,
+                    config.run.seed + 1000 * i,
+                    config.rollout.num_threads,
+                    tool_env,
+                    config.rollout.engine,
+                    rollout_options,
+                    config.rollout.device,
+                    max_concurrency=2,
+                    max_restarts=ROLLOUT_MAX_RESTARTS,
+                    **rollout_places[i],
+                )
+                for i in range(config.rollout.num_replicas)
             ]
             rewards = [
                 make(classes.reward, f"reward-{i}", model_path, queue_by_name, max_restarts=REWARD_MAX_RESTARTS)
@@ -221,10 +232,13 @@ class WorkerPools:
                 if len(ranks) > 1:
                     address = ray.get(ranks[0].rendezvous_address.remote())
                     _wait([rank.start.remote(address) for rank in ranks])
+            pools._incarnations = _wait([r.incarnation.remote() for r in rollouts])
+            startup_clock.mark("rollout_ready")
             pools._dp_ranks = _wait([t.data_parallel_rank.remote() for t in trainers])
             _wait([t.ping.remote() for t in (*trainers, *critics)])
-            pools._incarnations = _wait([r.incarnation.remote() for r in rollouts])
+            startup_clock.mark("trainer_ready")
             pools.open_weight_sync(config.rollout.weight_sync)
+            pools.warm_up()
             return pools
         except BaseException:
             if pools is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rl_train.algorithms.balance import partition_by_tokens
+from rl_train.engines.workers.background_build import BackgroundBuild
 from rl_train.storage.transfer_queue import PARTITIONS, TransferQueue
 
 if TYPE_CHECKING:
@@ -37,12 +38,27 @@ GREEDY_PARTITION = "greedy"
 class QueueWorker(TransferQueue):
     def __init__(self, run_config: dict[str, Any]) -> None:
         super().__init__((*PARTITIONS, GREEDY_PARTITION))
-        from rl_train.algorithms.advantage_phase import AdvantagePhase
         from rl_train.algorithms.config import AlgorithmConfig
 
         self._run_config = run_config
-        self._advantage = AdvantagePhase.from_config(AlgorithmConfig.model_validate(run_config["algorithm"]))
+        self._algorithm = AlgorithmConfig.model_validate(run_config["algorithm"])  # fails now if malformed
+        self._advantage_phase = BackgroundBuild(self._build_advantage_phase)
         self._handover = False
+
+    def _build_advantage_phase(self) -> Any:
+        from rl_train.algorithms.advantage_phase import AdvantagePhase  # torch: about 1.2 s of CPU
+
+        return AdvantagePhase.from_config(self._algorithm)
+
+    @property
+    def _advantage(self) -> Any:
+        """The advantage phase, built at first use or by ``warm_up``'s thread."""
+        return self._advantage_phase.get()
+
+    def warm_up(self) -> None:
+        """Build the advantage phase on a thread (it imports torch), while the first batch is
+        generated; this actor answers meanwhile. Start-up of the pools does not wait for it."""
+        self._advantage_phase.start()
 
     def run_config(self) -> dict[str, Any]:
         """The run's resolved config, as data (what a rejoining process rebuilds its view from)."""

@@ -14,6 +14,7 @@ import torch
 
 from rl_train.algorithms.actor_loss import build_actor_loss_fn
 from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.lazy_dynamo import import_compiler_in_background
 from rl_train.engines.training.nonfinite import NonFiniteStepGuard
 from rl_train.engines.training.registry import build_training_engine
 from rl_train.engines.weight_sync.base import WeightSender
@@ -49,15 +50,18 @@ class TrainerWorker:
         tool_env: dict[str, Any] | None = None,
         rollout_engine: str = "torch",
         rollout_options: dict[str, Any] | None = None,
+        model_impl: str = "auto",
     ) -> None:
         """``rollout_engine`` (with ``rollout_options``), ``tool_env``: what the spare rescue
         engine is built as and meets. With several ranks and no ``dist_address`` the rank
-        waits for ``start`` (the pools pass rank 0's ``rendezvous_address`` to every rank)."""
+        waits for ``start`` (the pools pass rank 0's ``rendezvous_address`` to every rank).
+        ``model_impl``: the torch engine's model code (``model.impl``)."""
         self.cfg = ActorConfig.model_validate(actor)
         torch.set_num_threads(self.cfg.num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         self.rank, self.world_size = rank, world_size
         self._engine_args = (model_path, horizon_steps, temperature, seed, with_reference)
+        self.model_impl = model_impl
         # the model is split over the ranks (megatron TP/PP, or FSDP shards): exports are collectives
         split = self.cfg.megatron.tensor_parallel_size * self.cfg.megatron.pipeline_parallel_size
         self._split_model = split > 1 or (self.cfg.fsdp and world_size > 1)
@@ -75,6 +79,11 @@ class TrainerWorker:
         self._checkpoint: CheckpointSnapshot | None = None
         if world_size == 1 or dist_address is not None:
             self.start(dist_address)
+
+    def warm_up(self) -> None:
+        """Import what the first update needs on a thread (torch's compiler, which the
+        optimizer's step imports), while the first batch is generated elsewhere."""
+        import_compiler_in_background()
 
     def where(self) -> dict[str, str]:
         """The node this actor runs on: Ray's id and address of it."""
@@ -107,9 +116,13 @@ class TrainerWorker:
             join_world(dist_address, self.rank, self.world_size, "nccl" if on_gpu else "gloo")
         model_path, horizon_steps, temperature, seed, with_reference = self._engine_args
         check_device(self.cfg.device, "actor.device")
-        self.engine = build_training_engine(self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed)
+        self.engine = build_training_engine(
+                self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
+            )
         self.reference = (
-            build_training_engine(self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed)
+            build_training_engine(
+                self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
+            )
             if with_reference
             else None
         )

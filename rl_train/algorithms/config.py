@@ -27,10 +27,52 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
 
+BUILTIN_NAMES: dict[tuple[str, str], frozenset[str]] = {
+    ("rl_train.algorithms.policy_loss", "POLICY_LOSSES"): frozenset(
+        {"cispo", "clip_cov", "dppo_kl", "dppo_tv", "geo_mean", "gpg", "gspo", "kl_cov", "sapo", "vanilla"}
+    ),
+    ("rl_train.algorithms.advantage", "ADV_ESTIMATORS"): frozenset(
+        {"gae", "gpg", "grpo", "grpo_passk", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo"}
+    ),
+}
+"""What the built-in registries hold, known without importing them (they import torch, about
+1.2 s that config validation need not pay); a test holds each set to its registry. A name
+outside them is looked up in the registry itself, so registered extensions still validate."""
+
+
+BUILTIN_CRITIC_ESTIMATORS = frozenset({"gae"})
+"""The built-in advantage estimators that read critic values (the others read none); a test
+holds this to what each declares in its registry."""
+
+
+def estimator_reads_critic(name: str) -> bool:
+    """Whether the estimator ``name`` reads critic values, without importing the built-ins."""
+    if name in BUILTIN_NAMES[("rl_train.algorithms.advantage", "ADV_ESTIMATORS")]:
+        return name in BUILTIN_CRITIC_ESTIMATORS
+    from rl_train.algorithms.advantage import estimator_needs
+
+    return estimator_needs(name).critic
+
+
+NO_NORM_LENGTH_MODES = frozenset({"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"})
+"""Aggregation modes that need no constant length, known without importing the aggregators."""
+
+
+def norm_length_problem(mode: str, norm_length: float | None) -> str | None:
+    """Why ``mode`` cannot run without ``loss_agg_norm_length`` (None when it can)."""
+    if norm_length is not None or mode in NO_NORM_LENGTH_MODES:
+        return None
+    from rl_train.algorithms.aggregation import norm_length_error
+
+    return norm_length_error(mode, norm_length)
+
+
 def _check_registered(module: str, registry: str, name: str) -> str:
     """Fail with the registry's own message (it lists the names) when ``name`` is unknown."""
     import importlib
 
+    if name in BUILTIN_NAMES.get((module, registry), ()):
+        return name
     table = getattr(importlib.import_module(module), registry)
     if name not in table:
         try:
@@ -201,9 +243,7 @@ class PolicyLossConfig(StrictModel):
 
     @model_validator(mode="after")
     def _norm_length_given(self) -> PolicyLossConfig:
-        from rl_train.algorithms.aggregation import norm_length_error
-
-        error = norm_length_error(self.loss_agg_mode, self.loss_agg_norm_length)
+        error = norm_length_problem(self.loss_agg_mode, self.loss_agg_norm_length)
         if error:
             raise ValueError(error)
         return self

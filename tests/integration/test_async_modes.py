@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from rl_train.config import Config, apply_mode_defaults
-from rl_train.engines.model.tiny import load_policy
+from rl_train.engines.model.loading import load_policy
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
 from rl_train.engines.weight_sync.naive import NaiveBackend
 from rl_train.engines.workers.rollout_worker import RolloutWorker

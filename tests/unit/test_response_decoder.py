@@ -17,7 +17,7 @@ from rl_train.engines.model.response_decoder import (
     light_decoder,
     load_response_decoder,
 )
-from rl_train.engines.model.tokenizer import load_tokenizer
+from rl_train.engines.model.tokenizer import load_transformers_tokenizer as load_tokenizer
 
 
 @pytest.fixture

@@ -102,7 +102,7 @@ def test_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir: Path) -
 
 
 def test_value_head_starts_from_the_policy_backbone(tiny_model_dir: Path) -> None:
-    from rl_train.engines.model.tiny import load_policy
+    from rl_train.engines.model.loading import load_policy
 
     policy, _ = load_policy(tiny_model_dir)
     critic = engine(tiny_model_dir).model

@@ -1,0 +1,88 @@
+"""Loading a policy from an HF-format directory: its model and its tokenizer.
+
+``impl`` chooses the model's implementation (``model.impl`` in the config):
+
+- ``native``: ``engines/model/native.py``, plain torch, for the dense Qwen2 / Llama models it
+  covers; it starts in milliseconds instead of transformers' seconds and decodes faster;
+- ``transformers``: transformers' own model class, for anything;
+- ``auto`` (the default): native where it covers the model, transformers otherwise.
+
+Both have the same parameter names, so weights, checkpoints and weight sync do not care
+which one a worker uses; ``save_policy`` writes an HF directory either way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from rl_train.engines.model.tokenizer import load_tokenizer
+
+ModelImpl = Literal["auto", "native", "transformers"]
+MODEL_IMPLS: tuple[str, ...] = ("auto", "native", "transformers")
+
+
+def resolve_impl(path: str | Path, impl: str = "auto") -> str:
+    """``native`` or ``transformers`` for the model at ``path``; ``native`` asked of a model it
+    does not cover is an error that says why."""
+    from rl_train.engines.model.native import read_hf_config, unsupported_reason
+
+    if impl not in MODEL_IMPLS:
+        raise ValueError(f"model.impl: got {impl!r}; allowed: {', '.join(MODEL_IMPLS)}")
+    if impl == "transformers":
+        return impl
+    folder = Path(path)
+    reason = unsupported_reason(read_hf_config(folder)) if (folder / "config.json").is_file() else "no config.json"
+    if reason is None and not any(folder.glob("*.safetensors")):
+        reason = "no *.safetensors weights"
+    if reason is None:
+        return "native"
+    if impl == "native":
+        raise ValueError(f"model.impl=native: {folder} is not a model it covers: {reason}; use model.impl=auto")
+    return "transformers"
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, impl: str = "auto") -> Any:
+    if resolve_impl(path, impl) == "native":
+        from rl_train.engines.model.native import load_native
+
+        return load_native(path, dtype)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+
+
+def load_policy(path: str | Path, dtype: torch.dtype = torch.float32, impl: str = "auto") -> tuple[Any, Any]:
+    """The policy's model and tokenizer from a local HF directory, offline."""
+    return load_model(path, dtype, impl), load_tokenizer(path)
+
+
+def is_native(model: Any) -> bool:
+    from rl_train.engines.model.native import NativeCausalLM
+
+    return isinstance(model, NativeCausalLM)
+
+
+def new_kv_cache(model: Any) -> Any:
+    """An empty KV cache of the kind ``model``'s forward takes (``cache=``)."""
+    if is_native(model):
+        return model.new_cache()
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def save_policy(model: Any, tokenizer: Any, source: str | Path, out: str | Path, state: dict[str, Any] | None = None) -> None:
+    """An HF model directory at ``out`` that transformers loads as it is: the weights (``state``,
+    when the model's own are sharded) as safetensors, the config and the tokenizer."""
+    if is_native(model):
+        from rl_train.engines.model.native import save_native
+
+        save_native(model, source, out, state)
+    elif state is None:
+        model.save_pretrained(out, safe_serialization=True)
+    else:
+        model.save_pretrained(out, state_dict=state, safe_serialization=True)
+    tokenizer.save_pretrained(out)

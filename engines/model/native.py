@@ -1,0 +1,368 @@
+"""A plain-torch implementation of the dense Qwen2 / Llama causal LM, loaded from an HF directory.
+
+Why. Importing transformers and its ``modeling_qwen2`` costs a worker about 2.2 s of CPU at
+start-up (it pulls in ``torch.distributed.tensor``, ``torch._dynamo`` and sympy), and every
+worker of a run starts at once on the same cores; its generic forward also spends most of a
+decode step of a small model in Python. This module is the same network in about a hundred
+lines of torch, with the same parameter names, so that state dicts, weight sync, checkpoints
+and ``save_pretrained`` directories are interchangeable with transformers' model.
+
+What it covers (``unsupported_reason`` says why a model is not covered; such a model loads
+through transformers): ``Qwen2ForCausalLM`` and ``LlamaForCausalLM`` with SiLU MLPs, plain
+RoPE (no scaling), full attention (no sliding window), grouped-query attention, tied or
+untied embeddings. ``tests/unit/test_native_model.py`` holds it to transformers' logits,
+with padding on either side and through the KV cache.
+
+The forward takes what the engines pass to transformers' model (``input_ids``,
+``attention_mask``, ``position_ids``, ``cache``) and returns an object with ``.logits``.
+Masking: a query attends to the keys at or before it whose ``attention_mask`` is 1, and
+always to itself, so that a padding position (whose output nobody reads) never attends to
+nothing, which would make NaNs that a later layer multiplies by zero weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
+
+
+@dataclass(frozen=True)
+class NativeConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    model_type: str
+    hidden_act: str = "silu"
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> NativeConfig:
+        reason = unsupported_reason(hf)
+        if reason:
+            raise ValueError(f"the native model does not cover this one: {reason}")
+        heads = int(hf["num_attention_heads"])
+        llama = hf["model_type"] == "llama"
+        attention_bias = bool(hf.get("attention_bias", False))
+        return cls(
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=int(hf["hidden_size"]),
+            intermediate_size=int(hf["intermediate_size"]),
+            num_hidden_layers=int(hf["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(hf),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=attention_bias if llama else True,
+            o_bias=attention_bias if llama else False,
+            mlp_bias=bool(hf.get("mlp_bias", False)) if llama else False,
+            model_type=str(hf["model_type"]),
+        )
+
+
+def _rope_parameters(hf: dict[str, Any]) -> dict[str, Any]:
+    """RoPE settings as either transformers generation writes them."""
+    params = hf.get("rope_parameters")
+    if isinstance(params, dict):
+        return params
+    scaling = hf.get("rope_scaling")
+    return {"rope_type": (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))} | (
+        {"rope_theta": hf["rope_theta"]} if "rope_theta" in hf else {}
+    )
+
+
+def _rope_theta(hf: dict[str, Any]) -> float:
+    return float(_rope_parameters(hf).get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def unsupported_reason(hf: dict[str, Any]) -> str | None:
+    """Why the HF config ``hf`` is not one this module implements exactly (None: it is)."""
+    architectures = hf.get("architectures") or []
+    if len(architectures) != 1 or architectures[0] not in ARCHITECTURES:
+        return f"architectures {architectures} (covered: {', '.join(ARCHITECTURES)})"
+    if hf.get("model_type") != ARCHITECTURES[architectures[0]]:
+        return f"model_type {hf.get('model_type')!r} for {architectures[0]}"
+    if hf.get("hidden_act", "silu") != "silu":
+        return f"hidden_act {hf.get('hidden_act')!r} (covered: silu)"
+    rope_type = _rope_parameters(hf).get("rope_type", "default")
+    if rope_type != "default":
+        return f"rope type {rope_type!r} (covered: default)"
+    if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
+        return "sliding-window attention"
+    if int(hf.get("pretraining_tp", 1) or 1) != 1:
+        return f"pretraining_tp {hf.get('pretraining_tp')}"
+    return None
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    return dict(json.loads((Path(path) / "config.json").read_text(encoding="utf-8")))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens fed so far, in buffers that grow by
+    doubling (a decode step writes one position instead of copying the whole history)."""
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.length = 0
+        """Positions held (the same in every layer once a forward has finished)."""
+
+    def append(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add this forward's ``key`` / ``value`` [B, H, T, D] to ``layer``; every position so far."""
+        start, end = self.length, self.length + key.shape[2]
+        if layer == len(self.keys):
+            self.keys.append(self._buffer(key, end))
+            self.values.append(self._buffer(value, end))
+        elif end > self.keys[layer].shape[2]:
+            for store in (self.keys, self.values):
+                grown = self._buffer(store[layer], end)
+                grown[:, :, :start] = store[layer][:, :, :start]
+                store[layer] = grown
+        self.keys[layer][:, :, start:end] = key
+        self.values[layer][:, :, start:end] = value
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    @staticmethod
+    def _buffer(like: torch.Tensor, needed: int) -> torch.Tensor:
+        return like.new_empty((like.shape[0], like.shape[1], max(2 * needed, 16), like.shape[3]))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: NativeConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache | None,
+        layer: int,
+    ) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.q_proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.append(layer, k, v)
+        if self.kv_heads != self.heads:
+            repeat = self.heads // self.kv_heads
+            k = k.repeat_interleave(repeat, dim=1)
+            v = v.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.head_dim**-0.5
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: NativeConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: NativeConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache: KVCache | None, layer: int) -> torch.Tensor:  # fmt: skip
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """The decoder stack (transformers' ``model.model``): token ids to final hidden states."""
+
+    def __init__(self, cfg: NativeConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        batch, length = input_ids.shape
+        past = cache.length if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + length, device=input_ids.device).expand(batch, length)
+        x = self.embed_tokens(input_ids)
+        freqs = position_ids[..., None].float() * self.inv_freq.to(x.device)
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        mask = attention_mask_4d(attention_mask, past, length, x.device)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mask, cache, index)
+        if cache is not None:
+            cache.length = past + length
+        return self.norm(x)
+
+
+def attention_mask_4d(attention_mask: torch.Tensor | None, past: int, length: int, device: torch.device) -> torch.Tensor | None:
+    """[B, 1, T, past+T] booleans (see the module docstring), or None for plain causal."""
+    if attention_mask is None and past == 0:
+        return None
+    keys = past + length
+    query_at = torch.arange(past, keys, device=device)[:, None]
+    key_at = torch.arange(keys, device=device)[None, :]
+    allowed = key_at <= query_at
+    if attention_mask is not None:
+        allowed = (allowed & attention_mask[:, None, None, -keys:].bool()) | (key_at == query_at)
+    return allowed if allowed.dim() == 4 else allowed[None, None]
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor
+
+
+class NativeCausalLM(nn.Module):
+    """``model`` (the backbone) and ``lm_head``, named as transformers names them."""
+
+    def __init__(self, cfg: NativeConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool = False,
+    ) -> CausalLMOutput:
+        hidden = self.model(input_ids, attention_mask, position_ids, cache)
+        return CausalLMOutput(self.lm_head(hidden))
+
+    @staticmethod
+    def new_cache() -> KVCache:
+        return KVCache()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+META_ABOVE_PARAMETERS = 50_000_000
+
+
+def approx_parameters(cfg: NativeConfig) -> int:
+    attention = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+    layer = attention + 3 * cfg.hidden_size * cfg.intermediate_size
+    return cfg.num_hidden_layers * layer + cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+
+
+def load_native(path: str | Path, dtype: torch.dtype = torch.float32) -> NativeCausalLM:
+    """The model of the HF directory ``path`` (safetensors weights, one file or an index)."""
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    cfg = NativeConfig.from_hf(read_hf_config(folder))
+    # A big model is built on the meta device (no memory, no random init) and the weights
+    # assigned; the first use of meta costs about 1.7 s of imports (torch's decompositions), more
+    # than building a small model for real and overwriting its random weights.
+    with torch.device("meta" if approx_parameters(cfg) > META_ABOVE_PARAMETERS else "cpu"):
+        model = NativeCausalLM(cfg)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors weights (the native model reads safetensors only)")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    expected = set(model.state_dict())
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        expected.discard("lm_head.weight")
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise ValueError(
+            f"{folder}: weights do not match a {cfg.model_type} of this config "
+            f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.inv_freq = 1.0 / (
+        cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim)
+    )
+    return model.eval()
+
+
+def save_native(model: NativeCausalLM, source: str | Path, out: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """An HF directory at ``out``: the weights as safetensors (the tied head left out, as
+    transformers writes it) beside ``source``'s config and generation config."""
+    from safetensors.torch import save_file
+
+    target = Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    weights = dict(state if state is not None else model.state_dict())
+    if model.config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(target / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("config.json", "generation_config.json"):
+        if (Path(source) / name).is_file() and not (target / name).exists():
+            (target / name).write_bytes((Path(source) / name).read_bytes())

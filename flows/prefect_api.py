@@ -1,0 +1,159 @@
+"""Prefect's temporary API server for one ``rl-train`` process, started at the very beginning.
+
+Without ``PREFECT_API_URL`` a Prefect process starts a throwaway local API server (uvicorn
+serving ``prefect.server.api.server:create_app`` on SQLite) the first time it needs one, and
+first imports Prefect's whole server package to do so: about 3 s of CPU in the driver before
+the server process even starts, then 3-4 s more until it answers. ``TemporaryPrefectAPI``
+starts the same server, with the same settings, as the first thing a run does, without
+importing Prefect at all; the driver imports its modules while the server comes up, and
+``PREFECT_API_URL`` (set before Prefect is imported) points this process's client at it.
+
+The server never outlives its run: it is stopped at exit, and it gets SIGTERM when the
+process that started it dies, even by SIGKILL (Linux's parent-death signal), so no process
+and no port is left behind. It runs in a session of its own, so that Ctrl-C in a terminal
+reaches the run, which then reports its state to a server that is still up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+TEMPORARY_API_ENV = "RL_TRAIN_TEMPORARY_PREFECT_API"
+"""Set (to the URL) in a process whose ``PREFECT_API_URL`` is this module's temporary server,
+so that code asking "did the user configure a server?" can tell the two apart."""
+APP_FACTORY = "prefect.server.api.server:create_app"
+"""What Prefect's own temporary server serves (``SubprocessASGIServer``)."""
+PORT_IN_USE_EXIT = 3
+"""uvicorn's exit status when its port was taken between choosing and binding it."""
+STOP_GRACE_S = 5.0
+
+_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
+PR_SET_PDEATHSIG = 1
+
+
+class PrefectAPIError(RuntimeError):
+    """The temporary API server did not come up."""
+
+
+def user_configured_api() -> bool:
+    """Whether ``PREFECT_API_URL`` names a server of the user's (not this module's)."""
+    url = os.environ.get("PREFECT_API_URL")
+    return bool(url) and url != os.environ.get(TEMPORARY_API_ENV)
+
+
+def _own_session_ended_with_parent() -> None:
+    """In the child before exec (see the module docstring)."""
+    os.setsid()
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _prefect_package_dir() -> str:
+    """Where ``prefect`` is installed, found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("prefect")
+    if spec is None or not spec.submodule_search_locations:
+        raise PrefectAPIError("prefect is not installed")
+    return str(Path(next(iter(spec.submodule_search_locations))).parent)
+
+
+class TemporaryPrefectAPI:
+    """One throwaway Prefect API server (see the module docstring). ``start`` must be called
+    from a thread that lives as long as the server should (the main thread): the parent-death
+    signal follows the thread that started the process."""
+
+    def __init__(self, startup_timeout_s: float = 180.0) -> None:
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self._log = tempfile.TemporaryFile(prefix="rlt-prefect-api-")  # noqa: SIM115 (closed in stop)
+        self._lock = threading.Lock()  # stop() from atexit and from an error path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def start(self) -> str:
+        """Launch the server and point this process's Prefect at it; returns its API URL."""
+        self._launch()
+        os.environ["PREFECT_API_URL"] = self.url
+        os.environ[TEMPORARY_API_ENV] = self.url
+        atexit.register(self.stop)
+        return self.url
+
+    def _launch(self) -> None:
+        self.port = _free_port()
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        env.pop("PREFECT_API_URL", None)
+        command = [
+            sys.executable, "-m", "uvicorn", "--app-dir", _prefect_package_dir(), "--factory",
+            APP_FACTORY, "--host", "127.0.0.1", "--port", str(self.port),
+            "--log-level", "error", "--lifespan", "on",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=self._log, preexec_fn=_own_session_ended_with_parent
+        )
+
+    def wait_ready(self) -> None:
+        """Block until the server answers its health check; raises ``PrefectAPIError`` with its
+        output if it died or does not answer in time. (Any thread: this process's Prefect reads
+        the URL once, so a server that lost its port is an error, not a relaunch elsewhere.)"""
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None, "start() first"
+            code = self.process.poll()
+            if code is not None:
+                why = f"port {self.port} was taken meanwhile" if code == PORT_IN_USE_EXIT else f"status {code}"
+                output = self._output()
+                self.stop()
+                raise PrefectAPIError(f"Prefect's temporary API server exited ({why}):\n{output}")
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(f"{self.url}/health", timeout=2) as answer,
+            ):
+                if answer.status == 200:
+                    return
+            time.sleep(0.05)
+        output = self._output()
+        self.stop()
+        raise PrefectAPIError(
+            f"Prefect's temporary API server did not answer within {self.startup_timeout_s:.0f} s "
+            f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)\n{output}"
+        )
+
+    def _output(self) -> str:
+        self._log.seek(0)
+        return self._log.read()[-4000:].decode(errors="replace")
+
+    def stop(self) -> None:
+        """Stop the server (idempotent); waits for it to exit, then kills it if it must."""
+        with self._lock:
+            process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._log.close()

@@ -1,0 +1,47 @@
+"""When each part of a run's start-up was ready, in seconds from its process's start.
+
+``mark(name)`` records the first time a part is ready; ``report()`` is one line of them, which
+``rl-train train`` prints to stderr after the first step when ``RL_TRAIN_STARTUP_REPORT=1``
+(the start-up bench reads it). The clock starts when the process does (Linux's
+``/proc/self/stat``), so the interpreter's own start and the first imports are counted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+REPORT_ENV = "RL_TRAIN_STARTUP_REPORT"
+MARKS: dict[str, float] = {}
+
+
+def _process_start_offset() -> float:
+    """Seconds the process had run when this module was imported (0 where unknown)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime", encoding="ascii") as uptime:
+            now = float(uptime.read().split()[0])
+        return max(now - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+_ORIGIN = time.perf_counter() - _process_start_offset()
+
+
+def since_start() -> float:
+    return time.perf_counter() - _ORIGIN
+
+
+def mark(name: str) -> None:
+    MARKS.setdefault(name, since_start())
+
+
+def report() -> str:
+    parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in sorted(MARKS.items(), key=lambda kv: kv[1]))
+    return f"start-up (s from process start): {parts}"
+
+
+def report_requested() -> bool:
+    return os.environ.get(REPORT_ENV, "") not in ("", "0")
