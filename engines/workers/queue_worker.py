@@ -20,6 +20,7 @@ second of start-up CPU.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 from rl_train.algorithms.balance import partition_by_tokens
@@ -43,12 +44,22 @@ class QueueWorker(TransferQueue):
         self._run_config = run_config
         self._algorithm = AlgorithmConfig.model_validate(run_config["algorithm"])  # fails now if malformed
         self._advantage_phase = BackgroundBuild(self._build_advantage_phase)
+        self._restored_advantage: dict[str, Any] | None = None
+        """A checkpoint's advantage state read before the phase was built (applied when it is)."""
+        self._advantage_built: Any = None
+        self._restore_lock = threading.Lock()
         self._handover = False
 
     def _build_advantage_phase(self) -> Any:
         from rl_train.algorithms.advantage_phase import AdvantagePhase  # torch: about 1.2 s of CPU
 
-        return AdvantagePhase.from_config(self._algorithm)
+        phase = AdvantagePhase.from_config(self._algorithm)
+        with self._restore_lock:
+            if self._restored_advantage is not None:
+                phase.load_state_dict(self._restored_advantage)
+                self._restored_advantage = None
+            self._advantage_built = phase
+        return phase
 
     @property
     def _advantage(self) -> Any:
@@ -96,7 +107,13 @@ class QueueWorker(TransferQueue):
         store = CheckpointStore(root, storage_options=storage_options)
         rows, requeued = requeue_in_flight(table_to_records(store.read_table(step, "queue/records.parquet")), version)
         self.import_records(rows)
-        self._advantage.load_state_dict(store.read_json(step, "queue/algorithm.json"))
+        state = store.read_json(step, "queue/algorithm.json")
+        with self._restore_lock:  # a resume need not wait for the phase's torch import
+            built = self._advantage_built
+            if built is None:
+                self._restored_advantage = state
+        if built is not None:
+            built.load_state_dict(state)
         return requeued
 
     # -- phases ------------------------------------------------------------------------------

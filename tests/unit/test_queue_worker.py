@@ -72,3 +72,24 @@ def test_update_metrics_are_the_mean_over_ranks_not_rank_zeros() -> None:
     per_rank = [{"actor/loss": 1.0, "actor/grad_norm": 2.0}, {"actor/loss": 3.0, "actor/grad_norm": 2.0}]
     assert _mean_over_ranks(per_rank) == {"actor/grad_norm": 2.0, "actor/loss": 2.0}
     assert _mean_over_ranks([{"a": 1.0}, {}]) == {"a": 1.0}  # a rank without the key does not dilute it
+
+
+@pytest.mark.parametrize("built_first", [False, True])
+def test_a_restored_advantage_state_lands_whether_or_not_the_phase_is_built(
+    tmp_path: Any, built_first: bool
+) -> None:
+    """A resume reads the advantage state before the phase (which imports torch) is built:
+    it is kept and applied once the phase exists, or applied at once when it already does."""
+    from rl_train.storage.checkpoint import CheckpointStore
+
+    saved = _queue(kl_in_reward=True, kl_ctrl={"type": "adaptive", "kl_coef": 0.3})
+    saved._advantage.kl_controller.value = 0.123  # a state the controller reached
+    store = CheckpointStore(str(tmp_path))
+    parts = saved.save_checkpoint(str(tmp_path), 1, None)
+    store.commit(1, parts, {})
+    fresh = _queue(kl_in_reward=True, kl_ctrl={"type": "adaptive", "kl_coef": 0.3})
+    if built_first:
+        fresh.warm_up()
+        assert fresh._advantage.kl_controller.value == pytest.approx(0.3)
+    fresh.load_checkpoint(str(tmp_path), 1, None, version=1)
+    assert fresh._advantage.kl_controller.value == pytest.approx(0.123)
