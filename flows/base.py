@@ -14,6 +14,7 @@ from prefect import flow
 
 from rl_train import startup_clock
 from rl_train.config import Config, ConfigError, config_to_yaml, mode_config_errors
+from rl_train.engines.agent.config import check_agent_loop
 from rl_train.engines.workers.errors import find_cause
 from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
 from rl_train.flows.checkpointing import DriverState, RunCheckpointer, read_driver_state
@@ -47,7 +48,11 @@ def prepare_inputs(config: Config) -> None:
         from rl_train.engines.model.tiny import create_tiny_policy  # transformers' models: only when needed
 
         create_tiny_policy(
-            config.model.path, seed=config.run.seed, pretrain_steps=config.model.pretrain_steps
+            config.model.path,
+            seed=config.run.seed,
+            pretrain_steps=config.model.pretrain_steps,
+            prior_correct=config.model.pretrain_prior_correct,
+            pretrain_task=config.model.pretrain_task,
         )
     data = config.data
     if data.builtin_task and not all(
@@ -85,9 +90,9 @@ class BaseTrainer(ABC):
 
         On failure, whatever was started is released before the error propagates."""
         prepare_inputs(self.config)
-        train_prompts = load_prompts(self.config.data.resolved_train_files())
+        train_prompts = load_prompts(self.config.data.resolved_train_files(), check_agent_name=check_agent_loop)
         if self.config.trainer.val_every_steps or self.config.trainer.val_before_train:
-            load_prompts(self.config.data.resolved_val_files())  # fail now, not at the first validation
+            load_prompts(self.config.data.resolved_val_files(), check_agent_name=check_agent_loop)  # fail now
         start = plan_run_start(self.config, self.run_dir)
         store = checkpoint_store(self.config, self.run_dir)
         if start.kind != "resume":  # claimed now; a resume claims its files once it has loaded

@@ -65,9 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
     init_model.add_argument(
         "--pretrain-steps", type=int, default=300, help="format-pretraining steps (0 = random init)"
     )
+    init_model.add_argument(
+        "--pretrain-task", choices=("arith", "tool_sum"), default="arith",
+        help="the format it learns: arith (sums answered directly) or tool_sum (sums through a calculator call)",
+    )  # fmt: skip
+    init_model.add_argument(
+        "--prior-correct", type=float, default=0.1, help="how often the pretraining text is right (0-1)"
+    )
 
     init_data = sub.add_parser("init-data", help="write a built-in task's train/val Parquet files")
-    init_data.add_argument("--task", default="single_digit_sum", help="single_digit_sum or multi_digit_sum")
+    init_data.add_argument(
+        "--task", default="single_digit_sum", help="single_digit_sum, multi_digit_sum or tool_sum"
+    )
     init_data.add_argument("--out", required=True)
     init_data.add_argument("--seed", type=int, default=0)
 
@@ -114,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "init-model":
         from rl_train.engines.model.tiny import create_tiny_policy
 
-        print(create_tiny_policy(args.out, seed=args.seed, pretrain_steps=args.pretrain_steps))
+        print(
+            create_tiny_policy(
+                args.out, seed=args.seed, pretrain_steps=args.pretrain_steps,
+                prior_correct=args.prior_correct, pretrain_task=args.pretrain_task,
+            )  # fmt: skip
+        )
         return 0
     if args.command == "init-data":
         from rl_train.storage.builtin_data import write_builtin_task
@@ -230,6 +244,7 @@ def check_inputs(config: Config) -> None:
     directory comes last and is only inspected (fresh, resume or overwrite: ``plan_run_start``);
     the trainer acts on it when it starts.
     """
+    from rl_train.engines.agent.config import check_agent_loop
     from rl_train.engines.reward.rules import route_reward_fn
     from rl_train.flows.resume import plan_run_start
     from rl_train.storage.dataset import load_prompts
@@ -245,9 +260,9 @@ def check_inputs(config: Config) -> None:
         from rl_train.storage.builtin_data import write_builtin_task
 
         write_builtin_task(data.builtin_task, data.data_dir, seed=config.run.seed)
-    load_prompts(data.resolved_train_files(), check_data_source=route_reward_fn)
+    load_prompts(data.resolved_train_files(), check_data_source=route_reward_fn, check_agent_name=check_agent_loop)
     if needs_val:
-        load_prompts(data.resolved_val_files(), check_data_source=route_reward_fn)
+        load_prompts(data.resolved_val_files(), check_data_source=route_reward_fn, check_agent_name=check_agent_loop)
     plan_run_start(config, f"{config.run.output_dir.rstrip('/')}/{config.run.name}")
 
 

@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rl_train.algorithms.config import AlgorithmConfig, StrictModel
+from rl_train.engines.agent.config import AgentConfig
 from rl_train.engines.rollout.registry import RolloutEngineName
 from rl_train.engines.rollout.sglang.config import SglangConfig
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
@@ -43,6 +44,10 @@ class ModelConfig(StrictModel):
     """Create the built-in tiny policy at `path` when the directory does not exist."""
     pretrain_steps: int = Field(300, ge=0)
     """Format-pretraining steps when the built-in policy is created."""
+    pretrain_task: Literal["arith", "tool_sum"] = "arith"
+    """The format the built-in policy learns when created: arith (sums answered directly) or tool_sum (sums through a calculator call, then the answer)."""
+    pretrain_prior_correct: float = Field(0.1, ge=0, le=1)
+    """How often the built-in policy's pretraining text is right (its faint prior for the task)."""
     impl: Literal["auto", "native", "transformers"] = "auto"
     """The torch engines' model code: native (plain torch, for the dense Qwen2/Llama models it covers: starts and decodes faster), transformers (any model), or auto (native where it covers the model)."""
 
@@ -104,6 +109,8 @@ class RolloutConfig(StrictModel):
     """How trained weights reach the rollout replicas."""
     tool_env: ToolEnvConfig = Field(default_factory=ToolEnvConfig)
     """Simulated tool call after each train trajectory (long-tail latency for agentic workloads)."""
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    """Which agent loop answers each prompt (single_turn, tool_agent) and the tool loop's limits."""
     sglang: SglangConfig = Field(default_factory=SglangConfig)
     """The sglang server of engine sglang: attach or launch, timeouts, how weights reach it."""
 

@@ -5,6 +5,9 @@
   whether the policy has learned the table, not generalisation.
 - ``multi_digit_sum``: "37+85=" -> "122", operands of 1..``digits`` digits; val problems are
   drawn apart from train ones.
+- ``tool_sum``: "345+678=" -> "1023" with three-digit operands, which the tiny policy cannot
+  add by itself: each row names the ``tool_agent`` loop (``agent_name``), so the policy is
+  answered by the calculator tool when it calls it, and is scored on its last turn.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ BUILTIN_TASKS: Registry[Callable[..., tuple[list[Row], list[Row]]]] = Registry("
 
 def _row(a: int, b: int, source: str) -> Row:
     return {"prompt": f"{a}+{b}=", "data_source": source, "ground_truth": str(a + b)}
+
+
+TOOL_SUM_SOURCE = "arith/tool_sum"
 
 
 @BUILTIN_TASKS.register("single_digit_sum")
@@ -49,6 +55,20 @@ def multi_digit_sum(
         if pair not in val_pairs:
             train.append(_row(*pair, "arith/multi_digit_sum"))
     return train, [_row(a, b, "arith/multi_digit_sum") for a, b in sorted(val_pairs)]
+
+
+@BUILTIN_TASKS.register("tool_sum")
+def tool_sum(num_train: int = 4000, num_val: int = 200, seed: int = 0) -> tuple[list[Row], list[Row]]:
+    rng = random.Random(seed)
+    pairs: list[tuple[int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    while len(pairs) < num_train + num_val:
+        pair = (rng.randint(100, 999), rng.randint(100, 999))
+        if pair not in seen:
+            seen.add(pair)
+            pairs.append(pair)
+    rows = [{**_row(a, b, TOOL_SUM_SOURCE), "agent_name": "tool_agent"} for a, b in pairs]
+    return rows[:num_train], rows[num_train:]
 
 
 def write_builtin_task(name: str, out_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:

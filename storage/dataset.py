@@ -29,6 +29,8 @@ starts, and a bad one is reported as file:row N.
                 uses 'arith').
   ground_truth  required, string or number (read as a string): what the reward function
                 compares the response with.
+  agent_name    optional, string: the agent loop that answers the row (single_turn or
+                tool_agent), over rollout.agent.by_data_source and rollout.agent.default.
   any other     optional: kept with the row and carried along with its prompt.
 """
 """The dataset columns as ``rl-train config --docs`` prints them."""
@@ -79,16 +81,22 @@ def validate_row(row: dict[str, Any], path: Path, row_no: int) -> None:
         raise DatasetError(
             f"{path}:row {row_no}: column 'ground_truth' must be a string or number, got {row['ground_truth']!r}"
         )
+    agent = row.get("agent_name")
+    if agent is not None and (not isinstance(agent, str) or not agent):
+        raise DatasetError(f"{path}:row {row_no}: column 'agent_name' must be a non-empty string, got {agent!r}")
 
 
 def load_prompts(
-    paths: list[str | Path], check_data_source: Callable[[str], object] | None = None
+    paths: list[str | Path],
+    check_data_source: Callable[[str], object] | None = None,
+    check_agent_name: Callable[[str], object] | None = None,
 ) -> list[dict[str, Any]]:
     """All rows of ``paths``, validated; ``ground_truth`` normalised to a string.
 
     ``check_data_source`` (the reward routing, given by the caller so that storage does not
     import engines) raises ``KeyError`` or ``ValueError`` for a data_source nothing can score;
-    that is reported as a bad row here, not as a failed reward task mid-run.
+    that is reported as a bad row here, not as a failed reward task mid-run. ``check_agent_name``
+    does the same for a row's ``agent_name`` (the agent loops).
     """
     rows: list[dict[str, Any]] = []
     for raw in paths:
@@ -100,6 +108,11 @@ def load_prompts(
                     check_data_source(row["data_source"])
                 except (KeyError, ValueError) as exc:
                     raise DatasetError(f"{path}:row {row_no}: column 'data_source': {exc}") from None
+            if check_agent_name is not None and row.get("agent_name") is not None:
+                try:
+                    check_agent_name(row["agent_name"])
+                except (KeyError, ValueError) as exc:
+                    raise DatasetError(f"{path}:row {row_no}: column 'agent_name': {exc}") from None
             rows.append({**row, "ground_truth": str(row["ground_truth"])})
     if not rows:
         raise DatasetError(f"no rows in {', '.join(map(str, paths))}")

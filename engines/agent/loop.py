@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,8 @@ class AgentTrajectory:
     stop_reason: str = ""
     states: list[AgentState] = field(default_factory=list)
     """Every state the loop passed through, in order."""
+    routes: list[Any] | None = None
+    """single_turn with routes asked for: the experts the engine used (R3)."""
 
 
 def parse_tool_call(text: str) -> tuple[str, dict[str, Any]] | str | None:
@@ -96,65 +99,97 @@ def observation_text(result: ToolResult) -> str:
 
 
 class ToolAgentLoop:
-    def __init__(self, engine: RolloutEngine, limits: AgentLimits | None = None) -> None:
+    """Runs trajectories through the states above; ``run_batch`` steps many at once, so that
+    each round of generation is one engine batch and the round's tool calls run side by side."""
+
+    def __init__(self, engine: RolloutEngine, limits: AgentLimits | None = None, tool_threads: int = 16) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.limits = limits or AgentLimits()
+        self.tool_threads = tool_threads
 
     def run(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> AgentTrajectory:
-        trajectory = AgentTrajectory(request_id, list(prompt_ids), states=[AgentState.PENDING])
-        limits = self.limits
-        while True:
-            room = limits.max_response_tokens - len(trajectory.response_ids)
-            if trajectory.turns >= limits.max_turns or room <= 0:
-                return self._end(trajectory, "max_turns" if room > 0 else "length")
-            trajectory.states.append(AgentState.GENERATING)
-            turn = self._generate(trajectory, params, room)
-            trajectory.turns += 1
-            if turn.stop_reason == "aborted":
-                return self._end(trajectory, "aborted")
-            call = parse_tool_call(self.tokenizer.decode(turn.new_ids, skip_special_tokens=True))
-            if call is None:
-                return self._end(trajectory, turn.stop_reason)
-            trajectory.states.append(AgentState.PROCESSING_TOOLS)
-            if isinstance(call, str):
-                result = ToolResult(f"error: {call}", True)
-                trajectory.tool_calls.append(ToolCallRecord("<malformed>", True, 0.0))
-            else:
-                result = run_tool(call[0], call[1], limits.tool_timeout_s)
-                trajectory.tool_calls.append(ToolCallRecord(call[0], result.error, result.seconds))
-            observed = self.tokenizer.encode(observation_text(result), add_special_tokens=False)
-            observed = observed[: limits.max_response_tokens - len(trajectory.response_ids)]
-            trajectory.response_ids += observed
-            trajectory.response_mask += [0] * len(observed)
-            trajectory.log_probs += [0.0] * len(observed)
-            trajectory.token_versions += [self.engine.version] * len(observed)
+        return self.run_batch([(request_id, prompt_ids)], params)[0]
 
-    def _generate(self, trajectory: AgentTrajectory, params: SamplingParams, room: int) -> _Turn:
-        before = len(trajectory.response_ids)
-        request = GenerationRequest(trajectory.request_id, trajectory.prompt_ids, list(trajectory.response_ids))
+    def run_batch(self, starts: list[tuple[str, list[int]]], params: SamplingParams) -> list[AgentTrajectory]:
+        """(request id, prompt ids) of each trajectory -> the trajectories, in that order."""
+        trajectories = [AgentTrajectory(rid, list(ids), states=[AgentState.PENDING]) for rid, ids in starts]
+        active = list(trajectories)
         turn_params = SamplingParams(
-            params.temperature, params.top_p, before + room, params.seed, params.ignore_eos, params.return_routes
-        )
-        result = self.engine.generate([request], turn_params)[0]
-        new_ids = result.response_ids[before:]
+            params.temperature, params.top_p, self.limits.max_response_tokens, params.seed, params.ignore_eos,
+            params.return_routes,
+        )  # fmt: skip
+        while active:
+            generating = [t for t in active if not self._out_of_room(t)]
+            if not generating:
+                break
+            for trajectory in generating:
+                trajectory.states.append(AgentState.GENERATING)
+            requests = [GenerationRequest(t.request_id, t.prompt_ids, list(t.response_ids)) for t in generating]
+            calls: list[tuple[AgentTrajectory, tuple[str, dict[str, Any]] | str]] = []
+            for trajectory, result in zip(generating, self.engine.generate(requests, turn_params), strict=True):
+                new_ids = self._append_turn(trajectory, result)
+                if result.stop_reason == "aborted":
+                    self._end(trajectory, "aborted")
+                    continue
+                call = parse_tool_call(self.tokenizer.decode(new_ids, skip_special_tokens=True))
+                if call is None:
+                    self._end(trajectory, result.stop_reason)
+                else:
+                    trajectory.states.append(AgentState.PROCESSING_TOOLS)
+                    calls.append((trajectory, call))
+            for (trajectory, call), outcome in zip(calls, self._run_tools([c for _, c in calls]), strict=True):
+                self._observe(trajectory, call, outcome)
+            active = [t for t in generating if not t.stop_reason]
+        return trajectories
+
+    def _out_of_room(self, trajectory: AgentTrajectory) -> bool:
+        """Ends a trajectory that may not generate again (its turns or tokens are spent)."""
+        room = self.limits.max_response_tokens - len(trajectory.response_ids)
+        if trajectory.turns < self.limits.max_turns and room > 0:
+            return False
+        self._end(trajectory, "max_turns" if room > 0 else "length")
+        return True
+
+    def _append_turn(self, trajectory: AgentTrajectory, result: Any) -> list[int]:
+        new_ids = list(result.response_ids[len(trajectory.response_ids) :])
         trajectory.response_ids += new_ids
         trajectory.response_mask += [1] * len(new_ids)
-        trajectory.log_probs += result.log_probs
-        trajectory.token_versions += result.token_versions
-        return _Turn(new_ids, result.stop_reason)
+        trajectory.log_probs += list(result.log_probs)
+        trajectory.token_versions += list(result.token_versions)
+        trajectory.turns += 1
+        return new_ids
+
+    def _run_tools(self, calls: list[tuple[str, dict[str, Any]] | str]) -> list[ToolResult]:
+        """Each well-formed call run with the tool time limit, side by side; a malformed one answered
+        with what is wrong with it."""
+
+        def one(call: tuple[str, dict[str, Any]] | str) -> ToolResult:
+            if isinstance(call, str):
+                return ToolResult(f"error: {call}", True)
+            return run_tool(call[0], call[1], self.limits.tool_timeout_s)
+
+        if len(calls) <= 1:
+            return [one(call) for call in calls]
+        with ThreadPoolExecutor(min(self.tool_threads, len(calls)), thread_name_prefix="agent-tool") as pool:
+            return list(pool.map(one, calls))
+
+    def _observe(self, trajectory: AgentTrajectory, call: tuple[str, dict[str, Any]] | str, result: ToolResult) -> None:
+        """The tool's answer appended as observation ids (mask 0), cut to the response budget."""
+        name = "<malformed>" if isinstance(call, str) else call[0]
+        trajectory.tool_calls.append(ToolCallRecord(name, result.error, result.seconds))
+        observed = self.tokenizer.encode(observation_text(result), add_special_tokens=False)
+        observed = observed[: self.limits.max_response_tokens - len(trajectory.response_ids)]
+        trajectory.response_ids += observed
+        trajectory.response_mask += [0] * len(observed)
+        trajectory.log_probs += [0.0] * len(observed)
+        trajectory.token_versions += [self.engine.version] * len(observed)
 
     @staticmethod
     def _end(trajectory: AgentTrajectory, reason: str) -> AgentTrajectory:
         trajectory.stop_reason = reason
         trajectory.states.append(AgentState.TERMINATED)
         return trajectory
-
-
-@dataclass
-class _Turn:
-    new_ids: list[int]
-    stop_reason: str
 
 
 def first_drift(tokenizer: Any, ids: list[int]) -> int | None:

@@ -55,13 +55,43 @@ def format_corpus(num_samples: int, seed: int, prior_correct: float = 0.0) -> li
     return lines
 
 
+TOOL_CALL_TEMPLATE = '<tool_call>{{"name":"calculator","arguments":{{"expression":"{expression}"}}}}</tool_call>'
+
+
+def tool_corpus(num_samples: int, seed: int, prior_correct: float = 0.0) -> list[str]:
+    """Lines in the tool loop's layout for three-digit sums: the prompt, a calculator call and
+    end of turn, the tool's answer, the final answer and end of turn. The call adds the
+    prompt's operands with probability ``prior_correct`` (other three-digit numbers
+    otherwise), and the final answer copies the tool's with probability ``prior_correct`` (a
+    random number otherwise): the policy knows the format, and RL has the copying to learn."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(num_samples):
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        x, y = (a, b) if rng.random() < prior_correct else (rng.randint(100, 999), rng.randint(100, 999))
+        answer = x + y if rng.random() < prior_correct else rng.randint(200, 1998)
+        call = TOOL_CALL_TEMPLATE.format(expression=f"{x}+{y}")
+        lines.append(f"{a}+{b}={call}</s><tool_response>{x + y}</tool_response>{answer}")
+    return lines
+
+
+CORPORA = {"arith": format_corpus, "tool_sum": tool_corpus}
+"""``model.pretrain_task``: the format the built-in policy learns before RL."""
+
+
 def pretrain_format(
-    model: PreTrainedModel, tokenizer, steps: int, seed: int, prior_correct: float, batch_size: int = 128
+    model: PreTrainedModel,
+    tokenizer,
+    steps: int,
+    seed: int,
+    prior_correct: float,
+    batch_size: int = 128,
+    corpus_name: str = "arith",
 ) -> float:
     """Teach the output format with plain next-token prediction; returns the final loss."""
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    corpus = format_corpus(steps * batch_size, seed, prior_correct)
+    corpus = CORPORA[corpus_name](steps * batch_size, seed, prior_correct)
     model.train()
     loss_value = float("nan")
     for step in range(steps):
@@ -91,7 +121,11 @@ def pretrain_format(
 
 
 def create_tiny_policy(
-    out_dir: str | Path, seed: int = 0, pretrain_steps: int = 300, prior_correct: float = 0.1
+    out_dir: str | Path,
+    seed: int = 0,
+    pretrain_steps: int = 300,
+    prior_correct: float = 0.1,
+    pretrain_task: str = "arith",
 ) -> Path:
     """Write the tiny policy (config.json, model.safetensors, tokenizer.json) to ``out_dir``."""
     out = Path(out_dir)
@@ -102,7 +136,7 @@ def create_tiny_policy(
     )
     model = Qwen2ForCausalLM(config)
     if pretrain_steps > 0:
-        pretrain_format(model, tokenizer, pretrain_steps, seed, prior_correct)
+        pretrain_format(model, tokenizer, pretrain_steps, seed, prior_correct, corpus_name=pretrain_task)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -180,6 +180,7 @@ class WorkerPools:
                     config.rollout.engine,
                     rollout_options,
                     config.model.impl,
+                    config.rollout.agent.model_dump(),
                     groups={SYNC_GROUP: 1, CHECKPOINT_GROUP: 1},
                     **trainer_places[rank],
                 )
@@ -197,6 +198,7 @@ class WorkerPools:
                     config.rollout.engine,
                     rollout_options,
                     config.rollout.device,
+                    config.rollout.agent.model_dump(),
                     max_concurrency=2,
                     max_restarts=ROLLOUT_MAX_RESTARTS,
                     **rollout_places[i],

@@ -24,6 +24,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from rl_train.algorithms.balance import partition_by_tokens
+from rl_train.engines.agent.metrics import agent_metrics
 from rl_train.engines.workers.background_build import BackgroundBuild
 from rl_train.storage.transfer_queue import PARTITIONS, TransferQueue
 
@@ -145,9 +146,10 @@ class QueueWorker(TransferQueue):
         """(6-7) Rollout correction, token rewards (+ in-reward KL) and advantages; returns metrics."""
         batch = self.get_batch(batch_id)
         keys, partition = batch["keys"], batch["partition"]
-        updates, metrics = self._advantage.compute(self.get(partition, keys))
+        records = self.get(partition, keys)
+        updates, metrics = self._advantage.compute(records)
         self.put(partition, dict(zip(keys, updates, strict=True)))
-        return metrics
+        return {**metrics, **agent_metrics(records)}
 
     def stage_greedy_prompts(self, batch_id: str) -> list[str]:
         """(1, greedy baseline) Copy the batch's prompts into the greedy partition; returns their keys."""

@@ -18,9 +18,14 @@ class RewardWorker:
         self.tq = resolve_actor(tq)
 
     def response_text(self, record: dict[str, Any]) -> str:
-        """Only graded tokens (response_mask == 1) up to end of sequence are the model's answer."""
+        """The model's answer: its graded tokens (response_mask == 1) up to end of sequence. A
+        multi-turn trajectory (``agent_turns``) ends each turn with end of sequence, so its
+        answer is its last turn: what the model wrote after the last tool observation."""
         ids = record["response_ids"]
         mask = record.get("response_mask") or [1] * len(ids)
+        if "agent_turns" in record:
+            last = max((i for i, graded in enumerate(mask) if not graded), default=-1) + 1
+            ids, mask = ids[last:], mask[last:]
         kept = []
         for token, graded in zip(ids, mask, strict=True):
             if token == self.eos_token_id:

@@ -9,7 +9,9 @@ from typing import Any
 import ray
 import torch
 
-from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
+from rl_train.engines.agent.config import AgentConfig
+from rl_train.engines.agent.registry import AGENT_LOOPS, Start
+from rl_train.engines.rollout.protocol import SamplingParams
 from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.rollout.tool_env import DelayedCalls, ToolEnvConfig
 from rl_train.engines.weight_sync.base import WeightReceiver
@@ -19,6 +21,16 @@ from rl_train.engines.workers.generation_loop import GenerationLoop
 from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.engines.workers.placement import check_device
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
+
+
+def agent_fields(trajectory: Any) -> dict[str, Any]:
+    """What a multi-turn trajectory adds to its record: which tokens the model generated (the
+    mask), its turns and its tool calls as ``[name, error, seconds]``."""
+    return {
+        "response_mask": list(trajectory.response_mask),
+        "agent_turns": trajectory.turns,
+        "tool_calls": [[call.name, call.error, call.seconds] for call in trajectory.tool_calls],
+    }
 
 
 class RolloutWorker:
@@ -32,11 +44,13 @@ class RolloutWorker:
         engine: str = "torch",
         engine_options: dict[str, Any] | None = None,
         device: str = "cpu",
+        agent: dict[str, Any] | None = None,
     ) -> None:
         """``tool_env``: a ``rollout.tool_env`` dump; its tool call follows every train trajectory.
         ``engine``: the registered rollout engine (``rollout.engine``), built with ``engine_options``
         (its own config section, ``rollout.sglang`` for sglang), on ``device`` (``rollout.device``:
-        Ray gives the actor its GPU share and sets which GPU it sees)."""
+        Ray gives the actor its GPU share and sets which GPU it sees). ``agent``: a ``rollout.agent``
+        dump, which agent loop answers each prompt."""
         torch.set_num_threads(num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         check_device(device, "rollout.device")
@@ -45,6 +59,7 @@ class RolloutWorker:
         self.tq = resolve_actor(tq)
         self.receiver: WeightReceiver | None = None
         self.tool_latency = ToolEnvConfig(**(tool_env or {})).build()
+        self.agent = AgentConfig.model_validate(agent or {})
         self.tool_calls = DelayedCalls()
         self.busy_seconds = 0.0
         self.loop = GenerationLoop(self._generate_in_background, self.engine.abort)
@@ -102,16 +117,19 @@ class RolloutWorker:
         ray.get(self.tq.set_tags.remote(partition, {k: {"status": "running"} for k in prompt_keys}))
         try:
             earlier = self._partials(partition, prompt_keys, prompt_tags, n)
-            requests = []
+            loop_of = {key: self.agent.loop_for(prompt) for key, prompt in zip(prompt_keys, prompts, strict=True)}
+            starts: dict[str, list[Start]] = {}
             for key, prompt in zip(prompt_keys, prompts, strict=True):
                 ids = self.encode_prompt(prompt["prompt"])
                 for j in range(n):
                     old = earlier.get(f"{key}/{j}")
                     if old is None or old["stop_reason"] == "aborted":
-                        prefix = list(old["response_ids"]) if old else []
-                        requests.append(GenerationRequest(f"{key}/{j}", ids, response_prefix=prefix))
+                        # a single turn continues its partial rollout; a tool loop starts afresh
+                        prefix = list(old["response_ids"]) if old and loop_of[key] == "single_turn" else []
+                        starts.setdefault(loop_of[key], []).append((f"{key}/{j}", ids, prefix))
             started = time.perf_counter()
-            results = self.engine.generate(requests, SamplingParams(**params)) if requests else []
+            sampling = SamplingParams(**params)
+            results = [t for loop, batch in starts.items() for t in AGENT_LOOPS.get(loop)(self.engine, batch, sampling, self.agent)]
             self.busy_seconds += time.perf_counter() - started
         except Exception:
             ray.get(self.tq.set_tags.remote(partition, {k: {"status": "failure"} for k in prompt_keys}))
@@ -121,7 +139,8 @@ class RolloutWorker:
         records, tags = {}, {}
         for result in results:
             key = result.request_id.rsplit("/", 1)[0]
-            old = earlier.get(result.request_id) or {"rollout_log_probs": [], "token_versions": []}
+            fresh = loop_of[key] != "single_turn"
+            old = (None if fresh else earlier.get(result.request_id)) or {"rollout_log_probs": [], "token_versions": []}
             versions = list(old["token_versions"]) + result.token_versions
             records[result.request_id] = {
                 "prompt_ids": result.prompt_ids,
@@ -130,6 +149,7 @@ class RolloutWorker:
                 "token_versions": versions,
                 "stop_reason": result.stop_reason,
                 **({"routes": result.routes} if result.routes is not None else {}),  # R3: the experts rollout used
+                **(agent_fields(result) if fresh else {}),
                 "group_id": key,
                 "data_source": by_key[key]["data_source"],
                 "ground_truth": by_key[key]["ground_truth"],

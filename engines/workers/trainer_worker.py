@@ -51,17 +51,20 @@ class TrainerWorker:
         rollout_engine: str = "torch",
         rollout_options: dict[str, Any] | None = None,
         model_impl: str = "auto",
+        agent: dict[str, Any] | None = None,
     ) -> None:
         """``rollout_engine`` (with ``rollout_options``), ``tool_env``: what the spare rescue
         engine is built as and meets. With several ranks and no ``dist_address`` the rank
         waits for ``start`` (the pools pass rank 0's ``rendezvous_address`` to every rank).
-        ``model_impl``: the torch engine's model code (``model.impl``)."""
+        ``model_impl``: the torch engine's model code (``model.impl``); ``agent``: the
+        ``rollout.agent`` dump the spare rescue engine answers prompts with."""
         self.cfg = ActorConfig.model_validate(actor)
         torch.set_num_threads(self.cfg.num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         self.rank, self.world_size = rank, world_size
         self._engine_args = (model_path, horizon_steps, temperature, seed, with_reference)
         self.model_impl = model_impl
+        self.agent = agent
         # the model is split over the ranks (megatron TP/PP, or FSDP shards): exports are collectives
         split = self.cfg.megatron.tensor_parallel_size * self.cfg.megatron.pipeline_parallel_size
         self._split_model = split > 1 or (self.cfg.fsdp and world_size > 1)
@@ -262,6 +265,7 @@ class TrainerWorker:
                 self.tool_env,
                 engine=self.rollout_engine,
                 engine_options=self.rollout_options,
+                agent=self.agent,
             )
         self.spare.wake_up()
         try:

@@ -1,0 +1,66 @@
+"""``rollout.agent``: which agent loop answers each prompt, and the tool loop's limits (R-5.4).
+
+A prompt's loop is its row's ``agent_name`` column when it has one, else the loop named for
+its ``data_source`` in ``by_data_source`` (the exact name, then its longest prefix before a
+'/', as rewards are routed), else ``default``. Names are checked at load against
+``AGENT_LOOPS`` (``engines/agent/registry.py``), without importing the loops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from rl_train.algorithms.config import StrictModel
+
+BUILTIN_AGENT_LOOPS = ("single_turn", "tool_agent")
+"""The registered loops (``AGENT_LOOPS`` holds the same names; a test checks it)."""
+
+
+def check_agent_loop(name: str) -> str:
+    if name not in BUILTIN_AGENT_LOOPS:
+        raise ValueError(f"unknown agent loop {name!r}; available: {', '.join(BUILTIN_AGENT_LOOPS)}")
+    return name
+
+
+class AgentConfig(StrictModel):
+    default: str = "single_turn"
+    """The agent loop of a prompt that names none: single_turn (one generation) or tool_agent (multi-turn tool calls)."""
+    by_data_source: dict[str, str] = Field(default_factory=dict)
+    """Agent loop per data_source (exact name or its longest '/' prefix); a row's agent_name column wins."""
+    max_turns: int = Field(4, ge=1)
+    """tool_agent: model turns per trajectory (each but the last may call one tool)."""
+    max_response_tokens: int = Field(160, ge=1)
+    """tool_agent: response tokens per trajectory, generated and observed together."""
+    tool_timeout_s: float = Field(5.0, gt=0)
+    """tool_agent: longest one tool call may take; a slower one answers with an error observation."""
+    tool_threads: int = Field(16, ge=1)
+    """tool_agent: tool calls of one round run side by side on this many threads."""
+
+    @field_validator("default")
+    @classmethod
+    def _known_default(cls, name: str) -> str:
+        return check_agent_loop(name)
+
+    @field_validator("by_data_source")
+    @classmethod
+    def _known_routes(cls, routes: dict[str, str]) -> dict[str, str]:
+        for source, name in routes.items():
+            try:
+                check_agent_loop(name)
+            except ValueError as error:
+                raise ValueError(f"{source}: {error}") from None
+        return routes
+
+    def loop_for(self, row: dict[str, Any]) -> str:
+        """The agent loop that answers ``row`` (a prompt record)."""
+        named = row.get("agent_name")
+        if named:
+            return check_agent_loop(str(named))
+        parts = str(row.get("data_source", "")).split("/")
+        for end in range(len(parts), 0, -1):
+            routed = self.by_data_source.get("/".join(parts[:end]))
+            if routed:
+                return routed
+        return self.default

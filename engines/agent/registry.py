@@ -1,0 +1,52 @@
+"""The agent loops a prompt can be answered by (``rollout.agent``): one explicit table.
+
+A loop takes the rollout engine, the starts of a batch of trajectories (request id, prompt
+ids, the response so far) and sampling parameters, and returns one ``AgentTrajectory`` per
+start, in order. As with the engine's own results, ``response_ids`` is the whole response and
+the per-token lists (log-probs, versions, the mask) cover what this call added after the
+prefix:
+
+- ``single_turn``: one generation, continued from the response so far (a partial rollout
+  resumes where an abort left it); every response token is the model's.
+- ``tool_agent``: the multi-turn tool loop (``ToolAgentLoop``); it always starts afresh, since
+  a partial trajectory's observations cannot be told from its generated tokens by the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from rl_train.engines.agent.loop import AgentLimits, AgentState, AgentTrajectory, ToolAgentLoop
+from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
+from rl_train.registry import Registry
+
+if TYPE_CHECKING:
+    from rl_train.engines.agent.config import AgentConfig
+    from rl_train.engines.rollout.protocol import RolloutEngine
+
+Start = tuple[str, list[int], list[int]]
+"""(request id, prompt ids, response prefix)."""
+AgentLoopFn = Callable[["RolloutEngine", list[Start], SamplingParams, "AgentConfig"], list[AgentTrajectory]]
+
+AGENT_LOOPS: Registry[AgentLoopFn] = Registry("agent loop")
+
+
+@AGENT_LOOPS.register("single_turn")
+def single_turn(engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig) -> list[AgentTrajectory]:
+    requests = [GenerationRequest(rid, ids, response_prefix=list(prefix)) for rid, ids, prefix in starts]
+    states = [AgentState.PENDING, AgentState.GENERATING, AgentState.TERMINATED]
+    return [
+        AgentTrajectory(
+            rid, list(ids), list(result.response_ids), [], list(result.log_probs), list(result.token_versions),
+            turns=1, stop_reason=result.stop_reason, states=list(states), routes=result.routes,
+        )  # fmt: skip
+        for (rid, ids, _), result in zip(starts, engine.generate(requests, params) if requests else [], strict=True)
+    ]
+
+
+@AGENT_LOOPS.register("tool_agent")
+def tool_agent(engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig) -> list[AgentTrajectory]:
+    limits = AgentLimits(cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s)
+    loop = ToolAgentLoop(engine, limits, cfg.tool_threads)
+    return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params)

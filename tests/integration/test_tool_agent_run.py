@@ -1,0 +1,36 @@
+"""A sync run on the built-in tool task: prompts answered by the tool agent loop, trajectories
+stored with their observation mask, scored on their last turn, trained on, and reported under
+``agent/``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sync_run import fit_sync_run
+
+from rl_train.storage.builtin_data import write_builtin_task
+
+
+def test_a_sync_run_trains_on_tool_agent_trajectories(
+    small_run_config: dict[str, Any], tmp_path: Path, ray_local: Any
+) -> None:
+    from rl_train.engines.model.tiny import create_tiny_policy
+
+    model = create_tiny_policy(tmp_path / "tool-model", seed=0, pretrain_steps=30, pretrain_task="tool_sum", prior_correct=0.5)
+    write_builtin_task("tool_sum", tmp_path / "tool-data")
+    trainer = fit_sync_run(
+        small_run_config,
+        2,
+        model={"path": str(model)},
+        data={"data_dir": str(tmp_path / "tool-data")},
+        rollout={"agent": {"max_turns": 2, "max_response_tokens": 96}},
+    )
+    rows = [json.loads(line) for line in Path(trainer.run_dir, "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["agent/trajectories"] == 32  # 8 prompts x 4 samples, every one through the tool loop
+        assert 1 <= row["agent/turns_mean"] <= 2
+        assert 0 < row["agent/observation_token_frac"] < 1 or row["agent/tool_calls_mean"] == 0
+        assert "reward/mean" in row

@@ -1,0 +1,132 @@
+"""The agent loops as rollout runs them: many trajectories stepped together (one engine batch
+per round, the round's tool calls side by side), which loop answers which prompt, the records
+and the reward of a multi-turn trajectory, and the agent metrics."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from rl_train.config import ConfigError, load_config
+from rl_train.engines.agent.config import BUILTIN_AGENT_LOOPS, AgentConfig
+from rl_train.engines.agent.loop import AgentLimits, ToolAgentLoop
+from rl_train.engines.agent.metrics import agent_metrics, percentile
+from rl_train.engines.agent.registry import AGENT_LOOPS
+from rl_train.engines.agent.tools import TOOLS, Tool, register_tool
+from rl_train.engines.model.tokenizer import load_tokenizer
+from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, SamplingParams
+from rl_train.engines.workers.rollout_worker import agent_fields
+
+CALL = '<tool_call>{{"name":"{name}","arguments":{arguments}}}</tool_call>'
+
+
+class BatchScript:
+    """An engine answering each request id from its own script, turn after turn (EOS-ended)."""
+
+    def __init__(self, tokenizer, scripts: dict[str, list[str]]) -> None:
+        self.tokenizer, self.scripts, self.version = tokenizer, {k: list(v) for k, v in scripts.items()}, 2
+        self.batches: list[list[str]] = []
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        self.batches.append([r.request_id for r in requests])
+        out = []
+        for request in requests:
+            script = self.scripts[request.request_id]
+            text = script.pop(0) if script else "done"
+            new = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+            out.append(
+                GenerationResult(request.request_id, request.prompt_ids, [*request.response_prefix, *new],
+                                 [-0.25] * len(new), [self.version] * len(new), "eos")  # fmt: skip
+            )
+        return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    return load_tokenizer(tiny_model_dir)
+
+
+def _calc(expression: str) -> str:
+    return CALL.format(name="calculator", arguments=f'{{"expression":"{expression}"}}')
+
+
+def test_each_round_is_one_engine_batch(tokenizer) -> None:
+    engine = BatchScript(
+        tokenizer,
+        {"a": [_calc("1+2"), "3"], "b": ["9"], "c": [_calc("2*3"), _calc("6+1"), "7"]},
+    )
+    loop = ToolAgentLoop(engine, AgentLimits(max_turns=4, max_response_tokens=400))  # type: ignore[arg-type]
+    prompt = [tokenizer.bos_token_id, *tokenizer.encode("x=", add_special_tokens=False)]
+    out = loop.run_batch([("a", prompt), ("b", prompt), ("c", prompt)], SamplingParams())
+    assert engine.batches == [["a", "b", "c"], ["a", "c"], ["c"]]
+    assert [t.turns for t in out] == [2, 1, 3] and [len(t.tool_calls) for t in out] == [1, 0, 2]
+    for trajectory in out:
+        assert len(trajectory.response_mask) == len(trajectory.response_ids) == len(trajectory.log_probs)
+    texts = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in out]
+    assert "<tool_response>3</tool_response>3" in texts[0] and texts[1] == "9"
+    assert "<tool_response>6</tool_response>" in texts[2] and "<tool_response>7</tool_response>7" in texts[2]
+
+
+def test_the_tool_calls_of_a_round_run_side_by_side(tokenizer) -> None:
+    """Two calls that each wait for the other: they only both answer if they run at once."""
+    meeting = threading.Barrier(2)
+
+    def meet(arguments: dict, timeout_s: float) -> str:
+        meeting.wait(timeout=5)
+        return "met"
+
+    if "test_meet" not in TOOLS:
+        register_tool(Tool("test_meet", "waits for a second caller", {"type": "object"}, meet))
+    call = CALL.format(name="test_meet", arguments="{}")
+    engine = BatchScript(tokenizer, {"a": [call, "ok"], "b": [call, "ok"]})
+    loop = ToolAgentLoop(engine, AgentLimits(max_response_tokens=400, tool_timeout_s=10))  # type: ignore[arg-type]
+    out = loop.run_batch([("a", [1]), ("b", [1])], SamplingParams())
+    assert [[c.error for c in t.tool_calls] for t in out] == [[False], [False]]
+
+
+def test_the_registry_is_the_loops_the_config_knows() -> None:
+    assert set(AGENT_LOOPS.names()) == set(BUILTIN_AGENT_LOOPS)
+
+
+def test_a_prompt_s_loop_is_its_column_then_its_data_source_then_the_default() -> None:
+    cfg = AgentConfig(default="single_turn", by_data_source={"arith/tool": "tool_agent"})
+    assert cfg.loop_for({"data_source": "arith/tool/hard"}) == "tool_agent"  # longest prefix
+    assert cfg.loop_for({"data_source": "arith/plain"}) == "single_turn"
+    assert cfg.loop_for({"data_source": "arith/plain", "agent_name": "tool_agent"}) == "tool_agent"
+
+
+def test_an_unknown_loop_fails_at_load_naming_where() -> None:
+    with pytest.raises(ConfigError, match=r"rollout.agent.default: unknown agent loop 'chatty'; available: single_turn, tool_agent"):
+        load_config(None, ["rollout.agent.default=chatty"])
+    with pytest.raises(ConfigError, match=r"rollout.agent.by_data_source.*arith: unknown agent loop 'x'"):
+        load_config(None, ['rollout.agent.by_data_source={"arith": "x"}'])
+
+
+def test_a_multi_turn_record_is_scored_on_its_last_turn(tiny_model_dir: Path, tokenizer) -> None:
+    from rl_train.engines.workers.reward_worker import RewardWorker
+
+    engine = BatchScript(tokenizer, {"p/0": [_calc("12+30"), "42"]})
+    trajectory = ToolAgentLoop(engine, AgentLimits(max_response_tokens=400)).run("p/0", [1], SamplingParams())  # type: ignore[arg-type]
+    record = {"response_ids": trajectory.response_ids, **agent_fields(trajectory)}
+    reader = RewardWorker(str(tiny_model_dir), tq=None)
+    assert reader.response_text(record) == "42"
+    assert record["agent_turns"] == 2 and record["tool_calls"][0][:2] == ["calculator", False]
+    single = {"response_ids": tokenizer.encode("7", add_special_tokens=False) + [tokenizer.eos_token_id, 5]}
+    assert reader.response_text(single) == "7"  # a single turn: everything up to end of sequence
+
+
+def test_agent_metrics_count_turns_calls_errors_and_latency() -> None:
+    records = [
+        {"agent_turns": 2, "tool_calls": [["calculator", False, 0.01]], "response_mask": [1, 1, 0, 0, 1]},
+        {"agent_turns": 3, "tool_calls": [["calculator", True, 0.03], ["<malformed>", True, 0.0]], "response_mask": [1, 0]},
+        {"response_ids": [1]},  # a single-turn record: not counted
+    ]
+    m = agent_metrics(records)
+    assert m["agent/trajectories"] == 2 and m["agent/turns_mean"] == 2.5 and m["agent/tool_calls_mean"] == 1.5
+    assert m["agent/tool_errors/calculator"] == 1 and m["agent/tool_errors/<malformed>"] == 1
+    assert m["agent/tool_latency_p50_s"] == pytest.approx(0.01) and m["agent/tool_latency_p99_s"] == pytest.approx(0.03)
+    assert m["agent/observation_token_frac"] == pytest.approx(3 / 7)
+    assert agent_metrics([{"response_ids": [1]}]) == {}
+    assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0 and percentile([5.0], 99) == 5.0
