@@ -24,6 +24,7 @@ PACKAGE_DIRS = {
     "rl_train.storage": "storage",
     "rl_train.deployments": "deployments",
     "rl_train.bench": "bench",
+    "rl_train.examples": "examples",
 }
 """Package name -> the repository folder it installs from."""
 

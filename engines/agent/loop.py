@@ -5,7 +5,7 @@ States: PENDING -> GENERATING <-> PROCESSING_TOOLS -> TERMINATED.
 - **GENERATING.** The engine continues the trajectory from its own token ids (the prompt, then
   everything so far as the response prefix) until it ends its turn (EOS) or the response
   budget runs out. Generated tokens get ``response_mask`` 1 and their log-probs.
-- **Tool calls** are JSON inside tags, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+- **Tool calls** (the layout is ``chat.py``'s, shared with the gateway) are JSON inside tags, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
   (the first one of a turn is run). A turn without one is the final answer: TERMINATED.
 - **PROCESSING_TOOLS.** The tool runs (``tools.run_tool``, with the tool time limit); its answer
   is templated as ``<tool_response>...</tool_response>`` and tokenized on its own, and those
@@ -23,17 +23,13 @@ would disagree with them (a decoder that drops a special token or a space does).
 from __future__ import annotations
 
 import enum
-import json
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_train.engines.agent.chat import parse_tool_call, tool_observation
 from rl_train.engines.agent.tools import ToolResult, run_tool
 from rl_train.engines.rollout.protocol import GenerationRequest, RolloutEngine, SamplingParams
-
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-OPEN_CALL = "<tool_call>"
 
 
 class AgentState(enum.Enum):
@@ -76,26 +72,8 @@ class AgentTrajectory:
     """single_turn with routes asked for: the experts the engine used (R3)."""
 
 
-def parse_tool_call(text: str) -> tuple[str, dict[str, Any]] | str | None:
-    """The first tool call of a turn: (name, arguments); a message naming what is wrong with a
-    malformed one; None when the turn calls no tool."""
-    match = TOOL_CALL.search(text)
-    if match is None:
-        return "a <tool_call> without its closing </tool_call>" if OPEN_CALL in text else None
-    try:
-        call = json.loads(match.group(1))
-    except json.JSONDecodeError as error:
-        return f"the tool call is not JSON ({error.msg} at character {error.pos})"
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return 'a tool call is {"name": <tool>, "arguments": {...}}'
-    arguments = call.get("arguments", {})
-    if not isinstance(arguments, dict):
-        return "the tool call's arguments are not an object"
-    return call["name"], arguments
-
-
 def observation_text(result: ToolResult) -> str:
-    return f"<tool_response>{result.text}</tool_response>"
+    return tool_observation(result.text)
 
 
 class ToolAgentLoop:

@@ -9,6 +9,7 @@ from typing import Any
 import ray
 import torch
 
+from rl_train.engines.agent.chat import generation_spans
 from rl_train.engines.agent.config import AgentConfig
 from rl_train.engines.agent.registry import AGENT_LOOPS, Start
 from rl_train.engines.rollout.protocol import SamplingParams
@@ -24,10 +25,12 @@ from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
 
 def agent_fields(trajectory: Any) -> dict[str, Any]:
-    """What a multi-turn trajectory adds to its record: which tokens the model generated (the
-    mask), its turns and its tool calls as ``[name, error, seconds]``."""
+    """What a multi-turn trajectory adds to its record (R-5.6): which tokens the model generated
+    (the mask, and its turns as ``[start, end)`` spans of the response), its turn count and its
+    tool calls as ``[name, error, seconds]``."""
     return {
         "response_mask": list(trajectory.response_mask),
+        "generation_spans": generation_spans(list(trajectory.response_mask)),
         "agent_turns": trajectory.turns,
         "tool_calls": [[call.name, call.error, call.seconds] for call in trajectory.tool_calls],
     }

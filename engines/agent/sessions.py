@@ -1,0 +1,164 @@
+"""Gateway sessions (R-5.5): one black-box agent's conversation with the policy, token by token.
+
+A session is opened by whoever runs the agent (the rollout replica), with the prompt row it
+answers; it gets a random bearer token, which is the agent's API key, and its id is the
+trajectory's request id. Every chat request of that token must repeat the session's history
+so far (what the agent was told, and the model's own answers exactly as they were returned)
+and may add tool or user messages after it: those become observation ids (mask 0), and the
+model's next turn is generated from the session's own ids, never from a re-tokenization of the
+messages. Anything else (another history, an assistant message the model did not write) is
+refused and changes nothing. When the session ends, its trajectory is the record the tool loop
+writes for the same tokens (``chat.py``'s layout).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_train.engines.agent.loop import AgentTrajectory, ToolCallRecord
+
+
+class SessionError(Exception):
+    """A request the session refuses; ``status`` is the HTTP status it maps to."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def normalize_message(message: Any, index: int) -> dict[str, Any]:
+    """The parts of a chat message that define the conversation: role, text, tool calls (name
+    and parsed arguments), tool_call_id. Raises ``SessionError`` (400) naming what is wrong."""
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise SessionError(400, f"{where}: a message is an object, got {type(message).__name__}")
+    role = message.get("role")
+    if role not in ("system", "user", "assistant", "tool"):
+        raise SessionError(400, f"{where}.role: got {role!r}; allowed: system, user, assistant, tool")
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: their text, in order
+        if not all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content):
+            raise SessionError(400, f"{where}.content: parts must be objects with a text")
+        content = "".join(p.get("text", "") for p in content)
+    if content is not None and not isinstance(content, str):
+        raise SessionError(400, f"{where}.content: a string, a list of text parts or null, got {type(content).__name__}")
+    out: dict[str, Any] = {"role": role, "content": content or ""}
+    if role == "assistant":
+        calls = []
+        listed = message.get("tool_calls") or []
+        if not isinstance(listed, list):
+            raise SessionError(400, f"{where}.tool_calls: a list, got {type(listed).__name__}")
+        for j, call in enumerate(listed):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise SessionError(400, f"{where}.tool_calls[{j}]: needs function.name")
+            try:
+                arguments = json.loads(function.get("arguments") or "{}")
+            except (TypeError, json.JSONDecodeError):
+                raise SessionError(400, f"{where}.tool_calls[{j}].function.arguments: not a JSON string") from None
+            calls.append({"id": call.get("id"), "name": function["name"], "arguments": arguments})
+        out["tool_calls"] = calls
+    if role == "tool":
+        out["tool_call_id"] = message.get("tool_call_id")
+    return out
+
+
+@dataclass
+class Session:
+    session_id: str
+    token: str
+    row: dict[str, Any]
+    """The prompt row it answers (``data_source``, ``ground_truth``, ...)."""
+    max_response_tokens: int
+    max_turns: int
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    """Every message so far, normalized, the model's own answers included."""
+    trajectory: AgentTrajectory | None = None
+    last_answer_at: float = 0.0
+    ended: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    recent: deque[float] = field(default_factory=deque)
+    """When its latest requests arrived (the rate limit)."""
+
+    def new_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What ``messages`` adds after the transcript; ``SessionError`` (409) if it does not
+        repeat the transcript, or adds anything but tool and user messages."""
+        for i, known in enumerate(self.transcript):
+            if i >= len(messages) or messages[i] != known:
+                raise SessionError(
+                    409, f"messages[{i}] differs from this session's history: a session only grows at its end"
+                )
+        added = messages[len(self.transcript) :]
+        if not added:
+            raise SessionError(400, "no new message after the session's history")
+        for j, message in enumerate(added, start=len(self.transcript)):
+            if message["role"] == "assistant":
+                raise SessionError(409, f"messages[{j}]: an assistant message this session's model did not write")
+            if message["role"] == "system" and self.transcript:
+                raise SessionError(409, f"messages[{j}]: a system message after the conversation began")
+        return added
+
+
+class SessionStore:
+    """Open sessions by id and by token; thread-safe."""
+
+    def __init__(self, max_requests_per_second: float = 50.0) -> None:
+        self._by_id: dict[str, Session] = {}
+        self._by_token: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self.max_requests_per_second = max_requests_per_second
+
+    def open(self, session_id: str, row: dict[str, Any], max_response_tokens: int, max_turns: int) -> Session:
+        with self._lock:
+            if session_id in self._by_id:
+                raise SessionError(409, f"session {session_id!r} is already open")
+            session = Session(session_id, f"rlt-{secrets.token_urlsafe(24)}", dict(row), max_response_tokens, max_turns)
+            self._by_id[session_id] = session
+            self._by_token[session.token] = session
+            return session
+
+    def authenticate(self, authorization: str | None) -> Session:
+        """The session of a ``Bearer`` token: 401 when it is missing or unknown."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise SessionError(401, "missing bearer token: each session has its own (the API key it was given)")
+        with self._lock:
+            session = self._by_token.get(token.strip())
+        if session is None:
+            raise SessionError(401, "unknown or ended session token")
+        return session
+
+    def admit(self, session: Session, now: float | None = None) -> None:
+        """The rate limit: 429 beyond ``max_requests_per_second`` over the last second."""
+        now = time.monotonic() if now is None else now
+        while session.recent and now - session.recent[0] > 1.0:
+            session.recent.popleft()
+        if len(session.recent) >= self.max_requests_per_second:
+            raise SessionError(429, f"more than {self.max_requests_per_second:g} requests in one second")
+        session.recent.append(now)
+
+    def close(self, session_id: str) -> Session:
+        with self._lock:
+            session = self._by_id.pop(session_id, None)
+            if session is None:
+                raise SessionError(404, f"no open session {session_id!r}")
+            self._by_token.pop(session.token, None)
+        session.ended = True
+        return session
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_id)
+
+
+def tool_call_record(name: str, seconds: float) -> ToolCallRecord:
+    """A call the black-box agent made: the gateway sees its name and how long until its answer
+    came back, not whether the agent's own tool failed."""
+    return ToolCallRecord(name, False, seconds)

@@ -1,0 +1,1 @@
+"""Example programs (installed as ``rl_train.examples``)."""

@@ -1,0 +1,109 @@
+"""A black-box agent: an ordinary OpenAI-client program that solves a sum with a calculator.
+
+It knows nothing of rl-train. It sends the task as a user message with a ``calculator`` tool,
+runs every tool call the model makes with its own calculator, sends the answer back as a tool
+message, and stops at the first reply without a tool call, printing it. Pointed at the
+gateway (``--base-url``, ``--api-key``: the session's URL and token), its conversation becomes a
+training trajectory; pointed at any OpenAI-compatible server, it is just an agent.
+
+    python -m rl_train.examples.calculator_agent --base-url http://127.0.0.1:8000/v1 \\
+        --api-key rlt-... --task "345+678="
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import operator
+import sys
+
+from openai import OpenAI
+
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression of integers with + - * and parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def calculate(expression: str) -> str:
+    """The agent's own calculator: integers, + - *, parentheses; an error message otherwise."""
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+            return OPERATORS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        raise ValueError("unsupported expression")
+
+    try:
+        return str(value(ast.parse(expression, mode="eval").body))
+    except (SyntaxError, ValueError, RecursionError) as error:
+        return f"error: {error}"
+
+
+def solve(client: OpenAI, model: str, task: str, max_turns: int = 4, stream: bool = False, seed: int | None = None) -> str:
+    messages: list[dict] = [{"role": "user", "content": task}]
+    for _ in range(max_turns):
+        reply = _ask(client, model, messages, stream, seed)
+        messages.append(reply)
+        calls = reply.get("tool_calls") or []
+        if not calls:
+            return reply.get("content") or ""
+        for call in calls:
+            try:
+                arguments = json.loads(call["function"]["arguments"])
+                answer = calculate(str(arguments.get("expression", "")))
+            except (json.JSONDecodeError, AttributeError):
+                answer = "error: arguments are not a JSON object"
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": answer})
+    return ""
+
+
+def _ask(client: OpenAI, model: str, messages: list[dict], stream: bool, seed: int | None) -> dict:
+    """The assistant's reply as a message dict, streamed or not."""
+    if not stream:
+        message = client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], seed=seed).choices[0].message
+        return message.model_dump(exclude_none=True)
+    content, calls = "", {}
+    for chunk in client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], seed=seed, stream=True):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            entry = calls.setdefault(call.index, {"id": call.id, "type": "function", "function": {"name": "", "arguments": ""}})
+            entry["function"]["name"] += call.function.name or ""
+            entry["function"]["arguments"] += call.function.arguments or ""
+    reply: dict = {"role": "assistant", "content": content or None}
+    if calls:
+        reply["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return reply
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--api-key", required=True)
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--model", default="rl-train-policy")
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120)
+    print(solve(client, args.model, args.task, args.max_turns, args.stream, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
