@@ -90,6 +90,11 @@ def _ask(client: OpenAI, model: str, messages: list[dict], stream: bool, seed: i
     return reply
 
 
+def run(base_url: str, api_key: str, task: str) -> str:
+    """The agent as a rollout replica runs it in process (``rollout.agent.gateway_program``)."""
+    return solve(OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120), "rl-train-policy", task)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", required=True)

@@ -29,8 +29,9 @@ starts, and a bad one is reported as file:row N.
                 uses 'arith').
   ground_truth  required, string or number (read as a string): what the reward function
                 compares the response with.
-  agent_name    optional, string: the agent loop that answers the row (single_turn or
-                tool_agent), over rollout.agent.by_data_source and rollout.agent.default.
+  agent_name    optional, string: the agent loop that answers the row (single_turn,
+                tool_agent or gateway_agent), over rollout.agent.by_data_source and
+                rollout.agent.default.
   any other     optional: kept with the row and carried along with its prompt.
 """
 """The dataset columns as ``rl-train config --docs`` prints them."""

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 
 from rl_train.algorithms.config import StrictModel
 
-BUILTIN_AGENT_LOOPS = ("single_turn", "tool_agent")
+BUILTIN_AGENT_LOOPS = ("single_turn", "tool_agent", "gateway_agent")
 """The registered loops (``AGENT_LOOPS`` holds the same names; a test checks it)."""
 
 
@@ -26,7 +26,7 @@ def check_agent_loop(name: str) -> str:
 
 class AgentConfig(StrictModel):
     default: str = "single_turn"
-    """The agent loop of a prompt that names none: single_turn (one generation) or tool_agent (multi-turn tool calls)."""
+    """The agent loop of a prompt that names none: single_turn (one generation), tool_agent (multi-turn tool calls) or gateway_agent (a black-box agent through the OpenAI-compatible gateway)."""
     by_data_source: dict[str, str] = Field(default_factory=dict)
     """Agent loop per data_source (exact name or its longest '/' prefix); a row's agent_name column wins."""
     max_turns: int = Field(4, ge=1)
@@ -36,7 +36,13 @@ class AgentConfig(StrictModel):
     tool_timeout_s: float = Field(5.0, gt=0)
     """tool_agent: longest one tool call may take; a slower one answers with an error observation."""
     tool_threads: int = Field(16, ge=1)
-    """tool_agent: tool calls of one round run side by side on this many threads."""
+    """tool_agent: tool calls of one round run side by side on this many threads; gateway_agent: agents run at once."""
+    gateway_program: str = "rl_train.examples.calculator_agent:run"
+    """gateway_agent: the black-box agent, a module:function called as f(base_url, api_key, task) on a thread."""
+    gateway_command: list[str] = Field(default_factory=list)
+    """gateway_agent: run the agent as this command instead ({base_url}, {api_key}, {task} filled in)."""
+    gateway_timeout_s: float = Field(300.0, gt=0)
+    """gateway_agent: longest one agent may take; it is then abandoned and its session ends as it stands."""
 
     @field_validator("default")
     @classmethod

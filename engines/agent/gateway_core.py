@@ -106,8 +106,16 @@ class GatewayCore:
         self.model_name = model_name
 
     # -- sessions (the harness side, in process) ---------------------------------------------
-    def open_session(self, session_id: str, row: dict[str, Any], max_response_tokens: int, max_turns: int) -> Session:
-        return self.store.open(session_id, row, max_response_tokens, max_turns)
+    def open_session(
+        self,
+        session_id: str,
+        row: dict[str, Any],
+        max_response_tokens: int,
+        max_turns: int,
+        sampling: dict[str, Any] | None = None,
+    ) -> Session:
+        """``sampling`` (temperature, top_p, seed), when given, wins over what requests ask for."""
+        return self.store.open(session_id, row, max_response_tokens, max_turns, sampling)
 
     def end_session(self, session_id: str) -> AgentTrajectory:
         """Close the session; its trajectory (an empty one if the agent never asked anything)."""
@@ -141,6 +149,10 @@ class GatewayCore:
                 raise SessionError(410, "this session has ended")
             added = session.new_messages(normalized)
             saved = _Mark.of(session)
+            forced = session.sampling
+            temperature = float(forced.get("temperature", temperature))
+            top_p = float(forced.get("top_p", top_p))
+            seed = forced["seed"] if forced.get("seed") is not None else seed
             try:
                 return self._answer(session, added, temperature, top_p, limit, seed)
             except BaseException:

@@ -50,3 +50,11 @@ def tool_agent(engine: RolloutEngine, starts: list[Start], params: SamplingParam
     limits = AgentLimits(cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s)
     loop = ToolAgentLoop(engine, limits, cfg.tool_threads)
     return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params)
+
+
+@AGENT_LOOPS.register("gateway_agent")
+def gateway_agent(engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig) -> list[AgentTrajectory]:
+    """Each trajectory is a black-box agent's session on this replica's gateway (R-5.5)."""
+    from rl_train.engines.agent.gateway_runs import run_gateway_agents
+
+    return run_gateway_agents(engine, [(rid, ids) for rid, ids, _ in starts], params, cfg)

@@ -86,6 +86,9 @@ class Session:
     lock: threading.Lock = field(default_factory=threading.Lock)
     recent: deque[float] = field(default_factory=deque)
     """When its latest requests arrived (the rate limit)."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """temperature / top_p / seed set by whoever opened it: they win over the request's (a run
+    trains at its own temperature, whatever the agent asks for)."""
 
     def new_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """What ``messages`` adds after the transcript; ``SessionError`` (409) if it does not
@@ -115,14 +118,29 @@ class SessionStore:
         self._lock = threading.Lock()
         self.max_requests_per_second = max_requests_per_second
 
-    def open(self, session_id: str, row: dict[str, Any], max_response_tokens: int, max_turns: int) -> Session:
+    def open(
+        self,
+        session_id: str,
+        row: dict[str, Any],
+        max_response_tokens: int,
+        max_turns: int,
+        sampling: dict[str, Any] | None = None,
+    ) -> Session:
         with self._lock:
             if session_id in self._by_id:
                 raise SessionError(409, f"session {session_id!r} is already open")
             session = Session(session_id, f"rlt-{secrets.token_urlsafe(24)}", dict(row), max_response_tokens, max_turns)
+            session.sampling = dict(sampling or {})
             self._by_id[session_id] = session
             self._by_token[session.token] = session
             return session
+
+    def token_of(self, session_id: str) -> str:
+        with self._lock:
+            session = self._by_id.get(session_id)
+        if session is None:
+            raise SessionError(404, f"no open session {session_id!r}")
+        return session.token
 
     def authenticate(self, authorization: str | None) -> Session:
         """The session of a ``Bearer`` token: 401 when it is missing or unknown."""

@@ -265,7 +265,10 @@ class RolloutWorker:
         finally:
             if not final:
                 self.loop.release()
-            else:  # the run is over: an engine with a server of its own stops it
+            else:  # the run is over: an engine with a server of its own stops it, and the gateway
+                from rl_train.engines.agent.gateway_runs import stop_gateways
+
+                stop_gateways()
                 close = getattr(self.engine, "close", None)
                 if close is not None:
                     close()

@@ -34,3 +34,31 @@ def test_a_sync_run_trains_on_tool_agent_trajectories(
         assert 1 <= row["agent/turns_mean"] <= 2
         assert 0 < row["agent/observation_token_frac"] < 1 or row["agent/tool_calls_mean"] == 0
         assert "reward/mean" in row
+
+
+def test_a_sync_run_trains_on_black_box_agents_through_the_gateway(
+    small_run_config: dict[str, Any], tmp_path: Path, ray_local: Any
+) -> None:
+    """Every trajectory is the example agent (the official openai client) talking to the
+    replica's gateway; the run trains on the sessions' records."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rl_train.engines.model.tiny import create_tiny_policy
+
+    model = create_tiny_policy(tmp_path / "tool-model", seed=0, pretrain_steps=30, pretrain_task="tool_sum", prior_correct=0.5)
+    write_builtin_task("tool_sum", tmp_path / "tool-data")
+    for split in ("train", "val"):
+        path = tmp_path / "tool-data" / f"{split}.parquet"
+        rows = [{**row, "agent_name": "gateway_agent"} for row in pq.read_table(path).to_pylist()]
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    trainer = fit_sync_run(
+        small_run_config,
+        2,
+        model={"path": str(model)},
+        data={"data_dir": str(tmp_path / "tool-data")},
+        rollout={"agent": {"max_turns": 2, "max_response_tokens": 96, "tool_threads": 8}},
+    )
+    rows = [json.loads(line) for line in Path(trainer.run_dir, "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["agent/trajectories"] == 32 and 1 <= r["agent/turns_mean"] <= 2 for r in rows)

@@ -219,3 +219,18 @@ def test_concurrent_sessions_share_engine_batches(gateway) -> None:
         thread.join()
     assert answers == ["42"] * 6
     assert max(engine.batches) > 1  # some round served several sessions in one engine call
+
+
+def test_stopping_the_gateway_frees_its_port(tokenizer) -> None:
+    import socket
+
+    from rl_train.engines.agent import gateway_runs
+
+    engine = Scripted(tokenizer, ["1"])
+    engine.tokenizer = tokenizer
+    server = gateway_runs.gateway_for(engine)
+    assert gateway_runs.gateway_for(engine) is server  # one per engine
+    port = server.port
+    gateway_runs.stop_gateways()
+    with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(("127.0.0.1", port))
