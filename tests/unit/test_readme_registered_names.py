@@ -13,6 +13,7 @@ from rl_train.algorithms.config import ROLLOUT_CORRECTION_PRESETS
 from rl_train.algorithms.kl import KL_ESTIMATORS
 from rl_train.algorithms.policy_loss import POLICY_LOSSES
 from rl_train.algorithms.thresholds import RS_OPTIONS
+from rl_train.engines.agent.registry import AGENT_LOOPS
 from rl_train.engines.agent.tools import TOOLS
 from rl_train.engines.rollout.registry import ROLLOUT_ENGINES
 from rl_train.engines.rollout.tool_env import TOOL_ENVS
@@ -28,6 +29,7 @@ TABLES = {
     "Rejection-sampling options": list(RS_OPTIONS),
     "Training engines": TRAINING_ENGINES.names(),
     "Rollout engines": ROLLOUT_ENGINES.names(),
+    "Agent loops": AGENT_LOOPS.names(),
     "Agent tools": TOOLS.names(),
     "Tool environments": TOOL_ENVS.names(),
 }
