@@ -105,7 +105,9 @@ def score_policy(
 ) -> dict[str, dict[str, Any]]:
     """Each dataset's reward mean, answer count and first few answers."""
     config, settings = target.config, target.settings
-    evaluator = PolicyEvaluator(policy_dir, engine=config.rollout.engine, seed=config.run.seed)
+    evaluator = PolicyEvaluator(
+        policy_dir, engine=config.rollout.engine, seed=config.run.seed, agent=config.rollout.agent.model_dump()
+    )
     scored = {}
     for name, rows in prompts.items():
         answers = evaluator.answer(rows, settings.sampling(config.run.seed), settings.n)

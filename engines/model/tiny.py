@@ -58,18 +58,24 @@ def format_corpus(num_samples: int, seed: int, prior_correct: float = 0.0) -> li
 TOOL_CALL_TEMPLATE = '<tool_call>{{"name":"calculator","arguments":{{"expression":"{expression}"}}}}</tool_call>'
 
 
+TOOL_ANSWER_COPIED = 0.9
+"""How often the tool corpus's final answer copies the tool's: the policy learns to read the
+tool (a tiny model learns a weaker copy rule poorly), and RL has the call's numbers to learn."""
+
+
 def tool_corpus(num_samples: int, seed: int, prior_correct: float = 0.0) -> list[str]:
     """Lines in the tool loop's layout for three-digit sums: the prompt, a calculator call and
     end of turn, the tool's answer, the final answer and end of turn. The call adds the
     prompt's operands with probability ``prior_correct`` (other three-digit numbers
-    otherwise), and the final answer copies the tool's with probability ``prior_correct`` (a
-    random number otherwise): the policy knows the format, and RL has the copying to learn."""
+    otherwise), and the final answer copies the tool's ``TOOL_ANSWER_COPIED`` of the time (a
+    random number otherwise): the policy knows the format and how to read the tool, and RL
+    has to teach it to call with the prompt's numbers."""
     rng = random.Random(seed)
     lines = []
     for _ in range(num_samples):
         a, b = rng.randint(100, 999), rng.randint(100, 999)
         x, y = (a, b) if rng.random() < prior_correct else (rng.randint(100, 999), rng.randint(100, 999))
-        answer = x + y if rng.random() < prior_correct else rng.randint(200, 1998)
+        answer = x + y if rng.random() < TOOL_ANSWER_COPIED else rng.randint(200, 1998)
         call = TOOL_CALL_TEMPLATE.format(expression=f"{x}+{y}")
         lines.append(f"{a}+{b}={call}</s><tool_response>{x + y}</tool_response>{answer}")
     return lines

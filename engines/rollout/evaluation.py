@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_train.engines.reward.rules import route_reward_fn
-from rl_train.engines.rollout.protocol import GenerationRequest, RolloutEngine, SamplingParams
+from rl_train.engines.rollout.protocol import RolloutEngine, SamplingParams
 from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.workers.reward_worker import RewardWorker
 
@@ -36,8 +36,14 @@ class ScoredAnswer:
 class PolicyEvaluator:
     """The rollout engine of one HF policy directory and the reward workers' scoring."""
 
-    def __init__(self, policy_dir: str | Path, engine: str = "torch", seed: int = 0) -> None:
+    def __init__(
+        self, policy_dir: str | Path, engine: str = "torch", seed: int = 0, agent: dict[str, Any] | None = None
+    ) -> None:
+        """``agent``: the run's ``rollout.agent``, so that each prompt is answered by its loop."""
+        from rl_train.engines.agent.config import AgentConfig
+
         self.engine: RolloutEngine = build_rollout_engine(engine, policy_dir, seed=seed)
+        self.agent = AgentConfig.model_validate(agent or {})
         self.reader = RewardWorker(str(policy_dir), tq=None)
         """Only its response reading is used here; its ``score`` goes through a queue actor."""
 
@@ -49,14 +55,20 @@ class PolicyEvaluator:
     def answer(self, prompts: list[dict[str, Any]], params: SamplingParams, n: int = 1) -> list[ScoredAnswer]:
         """``n`` answers to each row of ``prompts`` (``prompt``, ``data_source``, ``ground_truth``),
         prompt-major, each scored by the grader its ``data_source`` routes to."""
+        from rl_train.engines.agent.registry import AGENT_LOOPS
+        from rl_train.engines.workers.rollout_worker import agent_fields
+
         owners = [i for i in range(len(prompts)) for _ in range(n)]
-        requests = [
-            GenerationRequest(str(j), self.encode_prompt(prompts[i]["prompt"])) for j, i in enumerate(owners)
-        ]
+        loops = [self.agent.loop_for(prompts[i]) for i in owners]
+        results: dict[str, Any] = {}
+        for loop in dict.fromkeys(loops):
+            starts = [(str(j), self.encode_prompt(prompts[i]["prompt"]), []) for j, i in enumerate(owners) if loops[j] == loop]
+            results.update((t.request_id, t) for t in AGENT_LOOPS.get(loop)(self.engine, starts, params, self.agent))
         answers = []
-        for i, result in zip(owners, self.engine.generate(requests, params), strict=True):
-            row, truth = prompts[i], str(prompts[i]["ground_truth"])
-            text = self.reader.response_text({"response_ids": result.response_ids})
+        for j, i in enumerate(owners):
+            result, row, truth = results[str(j)], prompts[i], str(prompts[i]["ground_truth"])
+            record = {"response_ids": result.response_ids, **(agent_fields(result) if loops[j] != "single_turn" else {})}
+            text = self.reader.response_text(record)
             reward = float(route_reward_fn(row["data_source"])(text, truth))
             answers.append(ScoredAnswer(i, row["prompt"], text, truth, reward, result.stop_reason))
         return answers

@@ -130,3 +130,19 @@ def test_agent_metrics_count_turns_calls_errors_and_latency() -> None:
     assert m["agent/observation_token_frac"] == pytest.approx(3 / 7)
     assert agent_metrics([{"response_ids": [1]}]) == {}
     assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0 and percentile([5.0], 99) == 5.0
+
+
+def test_an_evaluation_answers_each_prompt_with_its_loop(tiny_model_dir: Path, tokenizer) -> None:
+    """rl-eval scores a tool task as the run's validation does: through the tool loop, on the
+    last turn; a plain prompt of the same set still gets one generation."""
+    from rl_train.engines.rollout.evaluation import PolicyEvaluator
+
+    evaluator = PolicyEvaluator(tiny_model_dir, agent={"max_response_tokens": 400})
+    script = {"0": [_calc("12+30"), "42"], "1": ["7"]}
+    evaluator.engine = BatchScript(tokenizer, script)  # type: ignore[assignment]
+    rows = [
+        {"prompt": "12+30=", "data_source": "arith/tool_sum", "ground_truth": "42", "agent_name": "tool_agent"},
+        {"prompt": "3+4=", "data_source": "arith/single_digit_sum", "ground_truth": "7"},
+    ]
+    answers = evaluator.answer(rows, SamplingParams())
+    assert [(a.response, a.reward) for a in answers] == [("42", 1.0), ("7", 1.0)]
