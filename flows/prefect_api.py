@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +27,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from rl_train.child_process import free_port, own_session_ended_with_parent
 
 TEMPORARY_API_ENV = "RL_TRAIN_TEMPORARY_PREFECT_API"
 """Set (to the URL) in a process whose ``PREFECT_API_URL`` is this module's temporary server,
@@ -40,10 +39,6 @@ PORT_IN_USE_EXIT = 3
 """uvicorn's exit status when its port was taken between choosing and binding it."""
 STOP_GRACE_S = 5.0
 
-_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
-PR_SET_PDEATHSIG = 1
-
-
 class PrefectAPIError(RuntimeError):
     """The temporary API server did not come up."""
 
@@ -52,19 +47,6 @@ def user_configured_api() -> bool:
     """Whether ``PREFECT_API_URL`` names a server of the user's (not this module's)."""
     url = os.environ.get("PREFECT_API_URL")
     return bool(url) and url != os.environ.get(TEMPORARY_API_ENV)
-
-
-def _own_session_ended_with_parent() -> None:
-    """In the child before exec (see the module docstring)."""
-    os.setsid()
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _prefect_package_dir() -> str:
@@ -102,7 +84,7 @@ class TemporaryPrefectAPI:
         return self.url
 
     def _launch(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
         env.pop("PREFECT_API_URL", None)
         command = [
@@ -111,7 +93,7 @@ class TemporaryPrefectAPI:
             "--log-level", "error", "--lifespan", "on",
         ]  # fmt: skip
         self.process = subprocess.Popen(
-            command, env=env, stdout=subprocess.DEVNULL, stderr=self._log, preexec_fn=_own_session_ended_with_parent
+            command, env=env, stdout=subprocess.DEVNULL, stderr=self._log, preexec_fn=own_session_ended_with_parent
         )
 
     def wait_ready(self) -> None:

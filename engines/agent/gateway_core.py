@@ -173,11 +173,7 @@ class GatewayCore:
         trajectory.states.append(AgentState.GENERATING)
         result = self.generate(GenerationRequest(session.session_id, trajectory.prompt_ids, list(trajectory.response_ids)), params)
         new_ids = list(result.response_ids[len(trajectory.response_ids) :])
-        trajectory.response_ids += new_ids
-        trajectory.response_mask += [1] * len(new_ids)
-        trajectory.log_probs += list(result.log_probs)
-        trajectory.token_versions += list(result.token_versions)
-        trajectory.turns += 1
+        trajectory.add_generated(new_ids, list(result.log_probs), list(result.token_versions))
         trajectory.stop_reason = result.stop_reason
         message, finish = self._assistant_message(session, new_ids, result.stop_reason, trajectory.turns)
         session.transcript += [*added, normalize_message(message, len(session.transcript) + len(added))]
@@ -203,11 +199,7 @@ class GatewayCore:
                 trajectory.states.append(AgentState.PROCESSING_TOOLS)
             else:
                 text = user_observation(message["content"])
-            ids = observation_ids(self.tokenizer, text)[: session.max_response_tokens - len(trajectory.response_ids)]
-            trajectory.response_ids += ids
-            trajectory.response_mask += [0] * len(ids)
-            trajectory.log_probs += [0.0] * len(ids)
-            trajectory.token_versions += [self.version()] * len(ids)
+            trajectory.add_observed(observation_ids(self.tokenizer, text), self.version(), session.max_response_tokens)
         return trajectory
 
     def _assistant_message(self, session: Session, new_ids: list[int], stop_reason: str, turn: int) -> tuple[dict[str, Any], str]:

@@ -71,6 +71,22 @@ class AgentTrajectory:
     routes: list[Any] | None = None
     """single_turn with routes asked for: the experts the engine used (R3)."""
 
+    def add_generated(self, ids: list[int], log_probs: list[float], versions: list[int]) -> None:
+        """A model turn's ids (mask 1), with their log-probs and weight versions."""
+        self.response_ids += ids
+        self.response_mask += [1] * len(ids)
+        self.log_probs += log_probs
+        self.token_versions += versions
+        self.turns += 1
+
+    def add_observed(self, ids: list[int], version: int, budget: int) -> None:
+        """What the world said back (mask 0, log-prob 0), cut to a response of ``budget`` tokens."""
+        ids = ids[: max(budget - len(self.response_ids), 0)]
+        self.response_ids += ids
+        self.response_mask += [0] * len(ids)
+        self.log_probs += [0.0] * len(ids)
+        self.token_versions += [version] * len(ids)
+
 
 def observation_text(result: ToolResult) -> str:
     return tool_observation(result.text)
@@ -131,11 +147,7 @@ class ToolAgentLoop:
 
     def _append_turn(self, trajectory: AgentTrajectory, result: Any) -> list[int]:
         new_ids = list(result.response_ids[len(trajectory.response_ids) :])
-        trajectory.response_ids += new_ids
-        trajectory.response_mask += [1] * len(new_ids)
-        trajectory.log_probs += list(result.log_probs)
-        trajectory.token_versions += list(result.token_versions)
-        trajectory.turns += 1
+        trajectory.add_generated(new_ids, list(result.log_probs), list(result.token_versions))
         return new_ids
 
     def _run_tools(self, calls: list[tuple[str, dict[str, Any]] | str]) -> list[ToolResult]:
@@ -157,11 +169,7 @@ class ToolAgentLoop:
         name = "<malformed>" if isinstance(call, str) else call[0]
         trajectory.tool_calls.append(ToolCallRecord(name, result.error, result.seconds))
         observed = self.tokenizer.encode(observation_text(result), add_special_tokens=False)
-        observed = observed[: self.limits.max_response_tokens - len(trajectory.response_ids)]
-        trajectory.response_ids += observed
-        trajectory.response_mask += [0] * len(observed)
-        trajectory.log_probs += [0.0] * len(observed)
-        trajectory.token_versions += [self.engine.version] * len(observed)
+        trajectory.add_observed(observed, self.engine.version, self.limits.max_response_tokens)
 
     @staticmethod
     def _end(trajectory: AgentTrajectory, reason: str) -> AgentTrajectory:

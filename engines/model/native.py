@@ -129,6 +129,11 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def rope_inverse_frequencies(cfg: NativeConfig) -> torch.Tensor:
+    """RoPE's 1 / theta^(2i/d), in float32 (as transformers computes them)."""
+    return 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim))
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -233,8 +238,7 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", rope_inverse_frequencies(cfg), persistent=False)
 
     def forward(
         self,
@@ -346,9 +350,7 @@ def load_native(path: str | Path, dtype: torch.dtype = torch.float32) -> NativeC
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.inv_freq = 1.0 / (
-        cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim)
-    )
+    model.model.inv_freq = rope_inverse_frequencies(cfg)  # a buffer: not in the weights
     return model.eval()
 
 

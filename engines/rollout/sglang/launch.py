@@ -10,38 +10,18 @@ outlives the replica.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from rl_train.child_process import free_port, own_session_ended_with_parent
 from rl_train.engines.rollout.sglang.client import RolloutServerError, SglangClient
 
 STOP_GRACE_S = 30.0
-
-
-_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
-PR_SET_PDEATHSIG = 1
-
-
-def _own_session_ended_with_parent() -> None:
-    """In the child before exec: a session (and process group) of its own, so that ``stop``
-    ends the server's whole tree; and SIGTERM when the replica's process dies, even by
-    SIGKILL, so that a killed actor leaves no server and no port behind (Linux)."""
-    os.setsid()
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LaunchedServer:
@@ -51,7 +31,7 @@ class LaunchedServer:
                 "rollout.engine=sglang launches `python -m sglang.launch_server`, and sglang is not installed "
                 "(pip install 'rl-train[sglang]' on a GPU machine), or set rollout.sglang.url to a running server"
             )
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [
             sys.executable, "-m", "sglang.launch_server",
@@ -59,7 +39,7 @@ class LaunchedServer:
             "--random-seed", str(seed), "--skip-tokenizer-init", "--enable-memory-saver",
             *extra_args,
         ]  # fmt: skip
-        self.process = subprocess.Popen(command, preexec_fn=_own_session_ended_with_parent)  # noqa: PLW1509
+        self.process = subprocess.Popen(command, preexec_fn=own_session_ended_with_parent)  # noqa: PLW1509
         try:
             self._wait_until_healthy(startup_timeout_s)
         except BaseException:
