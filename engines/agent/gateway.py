@@ -24,6 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from rl_train.engines.agent.gateway_core import ChatTurn, GatewayCore
 from rl_train.engines.agent.sessions import SessionError
@@ -67,8 +68,6 @@ def create_gateway(core: GatewayCore, max_body_bytes: int = MAX_BODY_BYTES) -> F
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             return _error(400, f"stream: got {stream!r}; allowed: true or false")
-        from starlette.concurrency import run_in_threadpool
-
         turn = await run_in_threadpool(core.chat, session, body)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if stream:

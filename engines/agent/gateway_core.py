@@ -103,20 +103,11 @@ class GatewayCore:
     ) -> None:
         self.generate, self.tokenizer, self.version = generate, tokenizer, version
         self.store = store if store is not None else SessionStore()
+        self.open_session = self.store.open
+        """Open a session (the harness side, in process): ``SessionStore.open``."""
         self.model_name = model_name
 
     # -- sessions (the harness side, in process) ---------------------------------------------
-    def open_session(
-        self,
-        session_id: str,
-        row: dict[str, Any],
-        max_response_tokens: int,
-        max_turns: int,
-        sampling: dict[str, Any] | None = None,
-    ) -> Session:
-        """``sampling`` (temperature, top_p, seed), when given, wins over what requests ask for."""
-        return self.store.open(session_id, row, max_response_tokens, max_turns, sampling)
-
     def end_session(self, session_id: str) -> AgentTrajectory:
         """Close the session; its trajectory (an empty one if the agent never asked anything)."""
         session = self.store.close(session_id)

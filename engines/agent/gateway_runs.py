@@ -70,7 +70,7 @@ def run_gateway_agents(
     program = None if cfg.gateway_command else load_program(cfg.gateway_program)
     sampling = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
     for rid, _ in starts:
-        core.open_session(rid, {}, cfg.max_response_tokens, cfg.max_turns, sampling)
+        core.open_session(rid, cfg.max_response_tokens, cfg.max_turns, sampling)
 
     def one(start: tuple[str, list[int]]) -> None:
         rid, ids = start

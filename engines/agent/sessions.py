@@ -1,7 +1,6 @@
 """Gateway sessions (R-5.5): one black-box agent's conversation with the policy, token by token.
 
-A session is opened by whoever runs the agent (the rollout replica), with the prompt row it
-answers; it gets a random bearer token, which is the agent's API key, and its id is the
+A session is opened by whoever runs the agent (the rollout replica); it gets a random bearer token, which is the agent's API key, and its id is the
 trajectory's request id. Every chat request of that token must repeat the session's history
 so far (what the agent was told, and the model's own answers exactly as they were returned)
 and may add tool or user messages after it: those become observation ids (mask 0), and the
@@ -74,8 +73,6 @@ def normalize_message(message: Any, index: int) -> dict[str, Any]:
 class Session:
     session_id: str
     token: str
-    row: dict[str, Any]
-    """The prompt row it answers (``data_source``, ``ground_truth``, ...)."""
     max_response_tokens: int
     max_turns: int
     transcript: list[dict[str, Any]] = field(default_factory=list)
@@ -121,15 +118,15 @@ class SessionStore:
     def open(
         self,
         session_id: str,
-        row: dict[str, Any],
         max_response_tokens: int,
         max_turns: int,
         sampling: dict[str, Any] | None = None,
     ) -> Session:
+        """``sampling`` (temperature, top_p, seed), when given, wins over what requests ask for."""
         with self._lock:
             if session_id in self._by_id:
                 raise SessionError(409, f"session {session_id!r} is already open")
-            session = Session(session_id, f"rlt-{secrets.token_urlsafe(24)}", dict(row), max_response_tokens, max_turns)
+            session = Session(session_id, f"rlt-{secrets.token_urlsafe(24)}", max_response_tokens, max_turns)
             session.sampling = dict(sampling or {})
             self._by_id[session_id] = session
             self._by_token[session.token] = session

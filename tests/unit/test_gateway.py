@@ -74,7 +74,7 @@ def _client(server: GatewayServer, token: str) -> OpenAI:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_black_box_agent_solves_its_task_through_the_official_client(gateway, tokenizer, stream: bool) -> None:
     core, server, _ = gateway
-    session = core.open_session("g/0", {"data_source": "arith/tool_sum", "ground_truth": "42"}, 200, 4)
+    session = core.open_session("g/0", 200, 4)
     answer = solve(_client(server, session.token), "rl-train-policy", "12+30=", stream=stream)
     assert answer == "42"
     trajectory = core.end_session("g/0")
@@ -88,7 +88,7 @@ def test_a_black_box_agent_solves_its_task_through_the_official_client(gateway, 
 
 def test_models_and_tool_calls_look_as_openai_s_do(gateway) -> None:
     core, server, _ = gateway
-    session = core.open_session("g/1", {}, 200, 4)
+    session = core.open_session("g/1", 200, 4)
     client = _client(server, session.token)
     assert [m.id for m in client.models.list().data] == ["rl-train-policy"]
     reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "12+30="}], tools=[CALCULATOR])
@@ -100,8 +100,8 @@ def test_models_and_tool_calls_look_as_openai_s_do(gateway) -> None:
 
 def test_a_session_only_answers_its_own_token_and_only_grows(gateway) -> None:
     core, server, _ = gateway
-    mine = core.open_session("g/a", {}, 200, 4)
-    other = core.open_session("g/b", {}, 200, 4)
+    mine = core.open_session("g/a", 200, 4)
+    other = core.open_session("g/b", 200, 4)
     first = [{"role": "user", "content": "12+30="}]
     _client(server, mine.token).chat.completions.create(model="x", messages=first)
     before = (list(mine.trajectory.response_ids), list(mine.transcript))  # type: ignore[union-attr]
@@ -131,7 +131,7 @@ def test_size_and_rate_are_bounded(tokenizer) -> None:
     core = GatewayCore(batcher.generate, tokenizer, lambda: 0, SessionStore(max_requests_per_second=3))
     server = GatewayServer(core, max_body_bytes=2048).start()
     try:
-        session = core.open_session("s", {}, 200, 50)
+        session = core.open_session("s", 200, 50)
         raw = httpx.Client(base_url=server.base_url, timeout=10, headers={"authorization": f"Bearer {session.token}"})
         big = raw.post("/chat/completions", json={"messages": [{"role": "user", "content": "x" * 5000}]})
         assert big.status_code == 413
@@ -171,10 +171,10 @@ def _malformed(rng: random.Random) -> bytes | dict:
 
 def test_hundreds_of_malformed_requests_crash_nothing_and_touch_no_other_session(gateway) -> None:
     core, server, _ = gateway
-    victim = core.open_session("g/v", {}, 200, 4)
+    victim = core.open_session("g/v", 200, 4)
     _client(server, victim.token).chat.completions.create(model="x", messages=[{"role": "user", "content": "12+30="}])
     before = (list(victim.trajectory.response_ids), list(victim.transcript))  # type: ignore[union-attr]
-    fuzzed = core.open_session("g/f", {}, 200, 4)
+    fuzzed = core.open_session("g/f", 200, 4)
     raw = httpx.Client(base_url=server.base_url, timeout=10, headers={"authorization": f"Bearer {fuzzed.token}"})
     rng = random.Random(7)
     statuses = []
@@ -187,7 +187,7 @@ def test_hundreds_of_malformed_requests_crash_nothing_and_touch_no_other_session
             assert answer.json()["error"]["message"]
     assert statuses.count(400) > 200
     assert (list(victim.trajectory.response_ids), list(victim.transcript)) == before  # type: ignore[union-attr]
-    fresh = core.open_session("g/after", {}, 200, 4)
+    fresh = core.open_session("g/after", 200, 4)
     reply = _client(server, fresh.token).chat.completions.create(model="x", messages=[{"role": "user", "content": "12+30="}])
     assert reply.choices[0].message.tool_calls  # the server still answers
 
@@ -195,7 +195,7 @@ def test_hundreds_of_malformed_requests_crash_nothing_and_touch_no_other_session
 def test_the_gateway_and_the_tool_loop_write_the_same_record(gateway, tokenizer) -> None:
     """Identical sampled tokens give identical token-level records, whichever front end."""
     core, server, engine = gateway
-    session = core.open_session("g/same", {}, 200, 4)
+    session = core.open_session("g/same", 200, 4)
     solve(_client(server, session.token), "x", "12+30=")
     via_gateway = core.end_session("g/same")
     loop = ToolAgentLoop(engine, AgentLimits(max_turns=4, max_response_tokens=200))  # type: ignore[arg-type]
@@ -209,7 +209,7 @@ def test_the_gateway_and_the_tool_loop_write_the_same_record(gateway, tokenizer)
 
 def test_concurrent_sessions_share_engine_batches(gateway) -> None:
     core, server, engine = gateway
-    sessions = [core.open_session(f"g/c{i}", {}, 200, 4) for i in range(6)]
+    sessions = [core.open_session(f"g/c{i}", 200, 4) for i in range(6)]
     engine.batches.clear()
     answers: list[str] = []
     threads = [threading.Thread(target=lambda s=s: answers.append(solve(_client(server, s.token), "x", "12+30="))) for s in sessions]
