@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from rl_train.engines.model.loading import load_policy, save_policy
 from rl_train.engines.training.config import ActorConfig
-from rl_train.engines.training.lazy_dynamo import optimizers_without_compiler
+from rl_train.engines.training.lazy_dynamo import optimizers_without_compiler, step_without_compiler
 from rl_train.engines.training.micro_batch import split_micro_batches
 from rl_train.engines.training.protocol import Batch, LossFn
 from rl_train.engines.training.snapshot import WeightSnapshots
@@ -200,7 +200,7 @@ class TorchTrainingEngine:
         lr = self.optimizer.param_groups[0]["lr"]
         finite = bool(torch.isfinite(grad_norm))
         if finite:
-            self.optimizer.step()
+            step_without_compiler(self.optimizer)
         self.scheduler.step()
         return {"actor/grad_norm": float(grad_norm), "actor/lr": lr, "actor/nonfinite_steps": float(not finite)}
 

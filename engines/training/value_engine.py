@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from rl_train.engines.model.value_model import load_value_model
 from rl_train.engines.training.critic_config import CriticConfig
+from rl_train.engines.training.lazy_dynamo import optimizers_without_compiler, step_without_compiler
 from rl_train.engines.training.micro_batch import split_micro_batches
 from rl_train.engines.training.protocol import Batch, LossFn
 
@@ -37,6 +38,7 @@ class TorchValueEngine:
         torch.manual_seed(seed)
         self.model, self.tokenizer = load_value_model(model_path)
         self.cfg = cfg
+        optimizers_without_compiler()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
@@ -86,7 +88,7 @@ class TorchValueEngine:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         lr = self.optimizer.param_groups[0]["lr"]
         if torch.isfinite(grad_norm):
-            self.optimizer.step()
+            step_without_compiler(self.optimizer)
         self.scheduler.step()
         tokens = max(float(batch["response_mask"].sum()), 1.0)
         out = {key: value / tokens for key, value in weighted.items()}

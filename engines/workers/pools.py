@@ -114,11 +114,9 @@ class WorkerPools:
     rank 0 is a collective that the other ranks join."""
 
     def warm_up(self) -> None:
-        """Ask the queue and the trainers to build, on threads of their own, what they first
-        need after the first batch is generated (fire and forget: a failure shows at first use)."""
+        """Ask the queue to build, on a thread of its own, what it first needs after the first
+        batch is generated (fire and forget: a failure shows at first use)."""
         self.tq.warm_up.remote()
-        for trainer in self.trainers:
-            trainer.warm_up.remote()
 
     @property
     def export_peers(self) -> list[Any]:

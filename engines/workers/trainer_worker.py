@@ -14,7 +14,6 @@ import torch
 
 from rl_train.algorithms.actor_loss import build_actor_loss_fn
 from rl_train.engines.training.config import ActorConfig
-from rl_train.engines.training.lazy_dynamo import import_compiler_in_background
 from rl_train.engines.training.nonfinite import NonFiniteStepGuard
 from rl_train.engines.training.registry import build_training_engine
 from rl_train.engines.weight_sync.base import WeightSender
@@ -82,11 +81,6 @@ class TrainerWorker:
         self._checkpoint: CheckpointSnapshot | None = None
         if world_size == 1 or dist_address is not None:
             self.start(dist_address)
-
-    def warm_up(self) -> None:
-        """Import what the first update needs on a thread (torch's compiler, which the
-        optimizer's step imports), while the first batch is generated elsewhere."""
-        import_compiler_in_background()
 
     def where(self) -> dict[str, str]:
         """The node this actor runs on: Ray's id and address of it."""
