@@ -21,10 +21,12 @@ gives the requests of one operation, store/raw: a small checkpoint costs request
     python -m rl_train.bench.checkpoint --s3 --s3-endpoint http://127.0.0.1:9000
     python -m rl_train.bench.checkpoint --resume [--prefect]   # + start-up to the first resumed step
 
-``--resume`` runs ``rl-train train`` on the demo config twice in subprocesses: 2 steps with a
-checkpoint after each, then the same run with ``trainer.total_steps=3``, which resumes from
-checkpoint 2. It prints the seconds from process start to the fresh run's step 1 and to the
-resumed run's step 3, and their ratio (target: a resume within 10 s at the demo size).
+``--resume`` times ``rl-train train`` on the demo config from process start to its first step,
+fresh and resumed from a checkpoint (``rl_train.bench.startup --resume``: a run trained one step
+beforehand, then one more step per timed run on the same command), medians of
+``--resume-runs``, interleaved. ``--prefect`` adds both through Prefect, against a Prefect API
+server started beforehand, as a served run and its retries have one (target: a resume within
+10 s at the demo size).
 
 ``--s3`` without an endpoint (and without ``AWS_ENDPOINT_URL``) starts moto's S3 server in a
 subprocess on 127.0.0.1 (its own process: in this one it would share the GIL with the writer).
@@ -332,44 +334,23 @@ def measure_checksum(state: BenchState, repeats: int) -> float:
     return size / 1e6 / best
 
 
-def _seconds_to_step(command: list[str], step: int, total: int, env: dict[str, str]) -> tuple[float, float]:
-    """Run ``command``; (seconds from its start to its ``step k/total`` line, to its exit)."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    assert proc.stderr is not None
-    first = float("nan")
-    tail: list[str] = []
-    for line in proc.stderr:
-        tail = [*tail[-40:], line]
-        if line.startswith(f"step {step:>4}/{total}") and first != first:
-            first = time.perf_counter() - started
-    if proc.wait() != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{''.join(tail)}")
-    return first, time.perf_counter() - started
+def measure_resume(prefect: bool, runs: int) -> None:
+    """Seconds from process start to the first step of a fresh run and of a resumed one (the
+    demo config; medians of ``runs``, interleaved: ``rl_train.bench.startup``)."""
+    from rl_train.bench.startup import Variant, print_table, run_variants
 
-
-def measure_resume(config: str, prefect: bool) -> None:
-    """Seconds from process start to the first step of a fresh run, and to the first step of
-    the same run resumed from its newest checkpoint (the demo config, 2 steps then 1 more)."""
-    from rl_train.engines.model.tiny import create_tiny_policy
-    from rl_train.storage.builtin_data import write_builtin_task
-
-    with tempfile.TemporaryDirectory(prefix="rlt-bench-resume-") as tmp:
-        create_tiny_policy(f"{tmp}/model", seed=0, pretrain_steps=60)
-        write_builtin_task("single_digit_sum", f"{tmp}/data", seed=0)
-        base = [
-            sys.executable, "-m", "rl_train.cli", "train", *([] if prefect else ["--no-prefect"]), "--config", config,
-            f"model.path={tmp}/model", "model.create_if_missing=false", f"data.data_dir={tmp}/data",
-            f"run.output_dir={tmp}/runs", "run.name=resume", "checkpoint.every_steps=1",
-            "trainer.val_before_train=false", "trainer.val_every_steps=0",
-        ]  # fmt: skip
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-        fresh, _ = _seconds_to_step([*base, "trainer.total_steps=2"], 1, 2, env)
-        resumed, _ = _seconds_to_step([*base, "trainer.total_steps=3"], 3, 3, env)
-    where = "through Prefect" if prefect else "--no-prefect"
-    print(f"\nstart-up to the first step ({where}), seconds from process start")
-    print(f"  fresh run, step 1:               {fresh:6.1f}")
-    print(f"  resumed from checkpoint 2, step 3: {resumed:6.1f}   ratio resumed/fresh {resumed / fresh:.2f}")
+    variants = [Variant("fresh (no prefect)", prefect=False), Variant("resume (no prefect)", prefect=False, resume=True)]
+    if prefect:
+        variants += [Variant("fresh (Prefect server)"), Variant("resume (Prefect server)", resume=True)]
+    run_variants(variants, runs, prefect_server=True)
+    print_table(variants, runs)
+    for fresh, resumed in zip(variants[::2], variants[1::2], strict=True):
+        seconds = resumed.median("first_step")
+        print(
+            f"{resumed.name}: first resumed step at {seconds:.1f} s from process start "
+            f"(target 10 s: {'met' if seconds <= 10 else 'missed'}), resumed/fresh "
+            f"{seconds / fresh.median('first_step'):.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -386,15 +367,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="also time start-up to the first resumed step (demo config)"
     )
-    parser.add_argument("--prefect", action="store_true", help="time --resume through Prefect too")
+    parser.add_argument(
+        "--prefect", action="store_true", help="time --resume through Prefect too (a server started beforehand)"
+    )
+    parser.add_argument("--resume-runs", type=int, default=3, help="runs per variant of --resume (medians)")
     args = parser.parse_args(argv)
     state = random_state(args.mb) if args.mb else demo_state()
     report_throughput(args, state)
     if args.resume:
-        config = str(Path(__file__).resolve().parents[1] / "configs" / "arith-tiny.yaml")
-        measure_resume(config, prefect=False)
-        if args.prefect:
-            measure_resume(config, prefect=True)
+        measure_resume(args.prefect, args.resume_runs)
 
 
 if __name__ == "__main__":
