@@ -6,6 +6,7 @@ without importing the flows; a class can only be registered for a mode that has 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from rl_train.modes import MODES
@@ -23,9 +24,14 @@ def register_trainer(name: str) -> Callable[[type], type]:
     return TRAINERS.register(name)
 
 
+BUILTIN_TRAINER_MODULES = ("rl_train.flows.sync", "rl_train.flows.colocate_async", "rl_train.flows.separate_async")
+"""The modules of the built-in modes, each of which registers its trainer when imported."""
+
+
 def load_builtin_trainers() -> None:
     """Import the built-in modes so that they register."""
-    from rl_train.flows import colocate_async, separate_async, sync  # noqa: F401
+    for name in BUILTIN_TRAINER_MODULES:
+        importlib.import_module(name)
 
 
 def get_trainer_class(name: str) -> type:

@@ -25,14 +25,9 @@ import time
 from dataclasses import dataclass
 
 from rl_train import startup_clock
+from rl_train.flows.registry import BUILTIN_TRAINER_MODULES
 
-HEAVY_MODULES = (
-    "rl_train.flows.train",
-    "rl_train.flows.registry",
-    "rl_train.flows.sync",
-    "rl_train.flows.colocate_async",
-    "rl_train.flows.separate_async",
-)
+HEAVY_MODULES = ("rl_train.flows.train", *BUILTIN_TRAINER_MODULES)
 """What a training run imports anyway: the trainer modes (which register themselves), the
 pools, every worker class and torch with them (about 1.2 s on the main thread after Ray
 came up, when the modes were imported at the first lookup of one)."""
