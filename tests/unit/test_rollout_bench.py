@@ -1,0 +1,43 @@
+"""The rollout bench measures what it says: on a tiny case both sides generate exactly the
+requested tokens per prompt, each with a log-prob, and the table reports both rates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_train.bench.rollout import Case, demo_prompts, format_table, load_hf, measure, parse_case
+from rl_train.engines.model.tiny import create_tiny_policy
+from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in policy untrained (the bench needs no EOS: it ignores it)."""
+    return create_tiny_policy(tmp_path_factory.mktemp("bench") / "tiny", seed=0, pretrain_steps=0)
+
+
+def test_both_sides_generate_the_requested_tokens_with_log_probs(policy_dir: Path) -> None:
+    case = Case(prompts=3, new_tokens=2)
+    engine = TorchRolloutEngine(policy_dir)
+    hf_out, engine_out = measure(case, engine, load_hf(policy_dir), reps=1, warmup=False)
+    for out in (hf_out, engine_out):
+        assert out.token_counts == [2, 2, 2]
+        assert out.log_probs.shape == (3, 2)
+        assert bool((out.log_probs <= 0).all()) and bool(torch.isfinite(out.log_probs).all())
+    assert len(case.hf_seconds) == len(case.engine_seconds) == 1
+    assert "| 3 x 2 |" in format_table([case])
+
+
+def test_prompts_are_encoded_as_the_rollout_worker_encodes_them(policy_dir: Path) -> None:
+    tokenizer = TorchRolloutEngine(policy_dir).tokenizer
+    (prompt,) = demo_prompts(tokenizer, 1)
+    assert prompt[0] == tokenizer.bos_token_id and tokenizer.decode(prompt[1:]).endswith("=")
+
+
+@pytest.mark.parametrize(("text", "expected"), [("1024x4", (1024, 4)), ("256X32", (256, 32))])
+def test_cases_parse(text: str, expected: tuple[int, int]) -> None:
+    case = parse_case(text)
+    assert (case.prompts, case.new_tokens) == expected
