@@ -124,6 +124,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # torch's fused kernel: the same float32 result as the steps below, in one pass
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
@@ -134,9 +137,20 @@ def rope_inverse_frequencies(cfg: NativeConfig) -> torch.Tensor:
     return 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim))
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
+def swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """The last dimension's two halves swapped. RoPE is ``x * cos + rotate_half(x) * sin`` with
+    ``rotate_half(x) = (-x2, x1)``; here the minus sign lives in ``sin`` (``rope_tables``), computed
+    once per forward instead of negating q and k in every layer (the product is the same bits)."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_tables(position_ids: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, signed sin) [B, 1, T, D] of the positions: cos of the angles repeated over both
+    halves, and sin with its first half negated (for ``swap_halves``)."""
+    freqs = (position_ids[..., None].float() * inv_freq.to(position_ids.device))[:, None]  # [B, 1, T, D/2]
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
 
 class KVCache:
@@ -163,6 +177,12 @@ class KVCache:
         self.keys[layer][:, :, start:end] = key
         self.values[layer][:, :, start:end] = value
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` [B'] of every layer, in that order and repeats allowed (the
+        cache of distinct prompts becomes the cache of a batch that repeats them)."""
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
 
     @staticmethod
     def _buffer(like: torch.Tensor, needed: int) -> torch.Tensor:
@@ -191,17 +211,16 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q = q * cos + swap_halves(q) * sin
+        k = k * cos + swap_halves(k) * sin
         if cache is not None:
             k, v = cache.append(layer, k, v)
-        if self.kv_heads != self.heads:
-            repeat = self.heads // self.kv_heads
-            k = k.repeat_interleave(repeat, dim=1)
-            v = v.repeat_interleave(repeat, dim=1)
+        # Grouped-query attention reads each key/value head in place (no copy of the whole
+        # cache per query head, layer and step); a single query with no mask sees every key.
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.head_dim**-0.5
-        )
+            q, k, v, attn_mask=mask, is_causal=mask is None and length > 1, scale=self.head_dim**-0.5,
+            enable_gqa=self.kv_heads != self.heads,
+        )  # fmt: skip
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
 
 
@@ -252,9 +271,7 @@ class Backbone(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + length, device=input_ids.device).expand(batch, length)
         x = self.embed_tokens(input_ids)
-        freqs = position_ids[..., None].float() * self.inv_freq.to(x.device)
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = rope_tables(position_ids, self.inv_freq, x.dtype)
         mask = attention_mask_4d(attention_mask, past, length, x.device)
         for index, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, index)
@@ -264,8 +281,9 @@ class Backbone(nn.Module):
 
 
 def attention_mask_4d(attention_mask: torch.Tensor | None, past: int, length: int, device: torch.device) -> torch.Tensor | None:
-    """[B, 1, T, past+T] booleans (see the module docstring), or None for plain causal."""
-    if attention_mask is None and past == 0:
+    """[B, 1, T, past+T] booleans (see the module docstring), or None for plain causal (and
+    for a single query after the cache, which attends to every key)."""
+    if attention_mask is None and (past == 0 or length == 1):
         return None
     keys = past + length
     query_at = torch.arange(past, keys, device=device)[:, None]
@@ -299,8 +317,13 @@ class NativeCausalLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         cache: KVCache | None = None,
         use_cache: bool = False,
+        logits_to_keep: int = 0,
     ) -> CausalLMOutput:
+        """Logits of every position, or of the last ``logits_to_keep`` (0: all), as
+        transformers' argument of that name (a decode step needs the last one only)."""
         hidden = self.model(input_ids, attention_mask, position_ids, cache)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
         return CausalLMOutput(self.lm_head(hidden))
 
     @staticmethod

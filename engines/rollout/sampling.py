@@ -19,7 +19,8 @@ def sample_tokens(
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         tokens = log_probs.argmax(dim=-1)
         return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
-    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    tempered = logits.float() if temperature == 1.0 else logits.float() / temperature  # x / 1.0 is x
+    log_probs = torch.log_softmax(tempered, dim=-1)
     probs = log_probs.exp()
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rl_train.engines.model.loading import load_policy, new_kv_cache
+from rl_train.engines.model.loading import is_native, load_policy, new_kv_cache
 from rl_train.engines.rollout.protocol import (
     EngineStateError,
     GenerationRequest,
@@ -56,6 +56,9 @@ class TorchRolloutEngine:
         self.device = torch.device(device)
         model, self.tokenizer = load_policy(model_path, impl=model_impl)
         self.model = model.to(self.device).eval()
+        self._native = is_native(self.model)
+        """The plain-torch model: its forward keeps only the logits asked for, and its KV cache
+        can repeat rows (a prompt repeated in a batch is prefilled once)."""
         self.eos_token_id = int(self.tokenizer.eos_token_id)
         experts = int(getattr(self.model.config, "num_local_experts", 0) or 0)
         self.moe_top_k = int(self.model.config.num_experts_per_tok) if experts else 0
@@ -96,20 +99,13 @@ class TorchRolloutEngine:
                 self._in_flight -= len(requests)
                 self._state.notify_all()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _generate_batch(
         self, requests: list[GenerationRequest], params: SamplingParams, generator: torch.Generator
     ) -> list[GenerationResult]:
         """Decode one left-padded batch; its KV cache is a local and dies with this call."""
         contexts = [r.prompt_ids + r.response_prefix for r in requests]
-        batch_size, width = len(contexts), max(len(c) for c in contexts)
-        input_ids = torch.full((batch_size, width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((batch_size, width), dtype=torch.long)
-        for i, ids in enumerate(contexts):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            attention[i, width - len(ids) :] = 1
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        input_ids, attention, positions = self._left_pad(contexts)
         budget = [max(params.max_new_tokens - len(r.response_prefix), 0) for r in requests]
         new_ids: list[list[int]] = [[] for _ in requests]
         new_logps: list[list[float]] = [[] for _ in requests]
@@ -128,13 +124,70 @@ class TorchRolloutEngine:
                 hook.remove()
         return self._results(requests, contexts, new_ids, new_logps, stop, routes, with_routes)
 
+    def _left_pad(self, contexts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(input_ids, attention mask, positions) of the left-padded batch, on the device; the
+        mask is None when no row is padded (every key is then a real token)."""
+        lengths = [len(c) for c in contexts]
+        width = max(lengths)
+        input_ids = torch.tensor([[self.pad_token_id] * (width - len(c)) + c for c in contexts], dtype=torch.long)
+        pads = torch.tensor([width - n for n in lengths], dtype=torch.long)
+        attention = (torch.arange(width)[None, :] >= pads[:, None]).long()
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        padded = any(n != width for n in lengths)
+        return input_ids, attention if padded else None, positions
+
+    def _distinct_rows(self, contexts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(first row of each distinct context, each row's distinct context) when some rows
+        repeat a context and the model's cache can repeat rows; else None."""
+        if not self._native:
+            return None
+        distinct: dict[tuple[int, ...], int] = {}
+        first: list[int] = []
+        inverse: list[int] = []
+        for i, context in enumerate(contexts):
+            index = distinct.setdefault(tuple(context), len(first))
+            if index == len(first):
+                first.append(i)
+            inverse.append(index)
+        if len(first) == len(contexts):
+            return None
+        return torch.tensor(first, device=self.device), torch.tensor(inverse, device=self.device)
+
+    def _next_logits(
+        self, ids: torch.Tensor, attention: torch.Tensor | None, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Logits [B, V] of the token after each row, the rows' keys and values added to ``cache``."""
+        keep = {"logits_to_keep": 1} if self._native else {}
+        out = self.model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, cache=cache, use_cache=True, **keep
+        )
+        return out.logits[:, -1]
+
+    def _prefill_distinct(
+        self,
+        ids: torch.Tensor,
+        attention: torch.Tensor | None,
+        positions: torch.Tensor,
+        cache: Any,
+        rows: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """``_next_logits`` of the whole batch from a forward of its distinct contexts only:
+        each row's keys, values and logits are those of its context's first row."""
+        first, inverse = rows
+        logits = self._next_logits(
+            ids[first], None if attention is None else attention[first], positions[first], cache
+        )
+        cache.select_rows(inverse)
+        return logits.index_select(0, inverse)
+
     def _decode(
         self,
         requests: list[GenerationRequest],
         params: SamplingParams,
         generator: torch.Generator,
         input_ids: torch.Tensor,
-        attention: torch.Tensor,
+        attention: torch.Tensor | None,
         positions: torch.Tensor,
         contexts: list[list[int]],
         budget: list[int],
@@ -147,37 +200,27 @@ class TorchRolloutEngine:
     ) -> None:
         """The decode loop: sample into ``new_ids`` / ``new_logps`` until every row stops."""
         batch_size = len(requests)
-        eos = None if params.ignore_eos else self.eos_token_id
+        rows = _Rows(budget, None if params.ignore_eos else self.eos_token_id, self.device)
         cache = new_kv_cache(self.model)
+        distinct = None if with_routes else self._distinct_rows(contexts)
         step_ids, step_pos = input_ids, positions
         for step in range(max(budget, default=0)):
             if self._abort.is_set():
-                stop[:] = [s or "aborted" for s in stop]
                 break
-            logits = self.model(
-                input_ids=step_ids,
-                attention_mask=attention,
-                position_ids=step_pos,
-                cache=cache,
-                use_cache=True,
-            ).logits[:, -1]
+            if step == 0 and distinct is not None:
+                logits = self._prefill_distinct(step_ids, attention, step_pos, cache, distinct)
+            else:
+                logits = self._next_logits(step_ids, attention, step_pos, cache)
             if with_routes:
                 self._keep_routes(chosen, step_ids.shape, routes, contexts if step == 0 else None)
             tokens, logps = sample_tokens(logits, params.temperature, params.top_p, generator)
-            token_list, logp_list = tokens.tolist(), logps.tolist()
-            for i in range(batch_size):
-                if stop[i] is None:
-                    new_ids[i].append(token_list[i])
-                    new_logps[i].append(logp_list[i])
-                    if token_list[i] == eos:
-                        stop[i] = "eos"
-                    elif step + 1 >= budget[i]:
-                        stop[i] = "length"
-            if all(s is not None for s in stop):
+            if not rows.add(step, tokens, logps):
                 break
             step_ids = tokens[:, None]
             step_pos = step_pos[:, -1:] + 1
-            attention = torch.cat([attention, attention.new_ones((batch_size, 1))], dim=1)
+            if attention is not None:
+                attention = torch.cat([attention, attention.new_ones((batch_size, 1))], dim=1)
+        rows.finish(new_ids, new_logps, stop)
 
     def _results(
         self,
@@ -313,6 +356,48 @@ class TorchRolloutEngine:
             if dest is None:
                 raise KeyError(f"{caller}: the rollout model has no tensor named {name!r}")
             yield dest, *rest
+
+
+class _Rows:
+    """Which rows of a batch still sample, kept as tensors on the device: each step's tokens
+    and log-probs are stored whole and cut into per-row lists once, when the batch ends
+    (no per-row Python work per token)."""
+
+    def __init__(self, budget: list[int], eos: int | None, device: torch.device) -> None:
+        self.budget = torch.tensor(budget, dtype=torch.long, device=device)
+        self.eos = eos
+        self.live = self.budget > 0
+        """Rows still sampling (no EOS yet, budget left, no abort)."""
+        self.hit_eos = torch.zeros_like(self.live)
+        self.lengths = torch.zeros_like(self.budget)
+        """Tokens each row has kept so far."""
+        self.tokens: list[torch.Tensor] = []
+        self.log_probs: list[torch.Tensor] = []
+
+    def add(self, step: int, tokens: torch.Tensor, log_probs: torch.Tensor) -> bool:
+        """Keep step ``step``'s samples for the rows still sampling; whether any row still samples."""
+        self.tokens.append(tokens)
+        self.log_probs.append(log_probs)
+        self.lengths += self.live
+        if self.eos is not None:
+            ended = self.live & (tokens == self.eos)
+            self.hit_eos |= ended
+            self.live &= ~ended
+        self.live &= self.budget > step + 1
+        return bool(self.live.any())
+
+    def finish(self, new_ids: list[list[int]], new_logps: list[list[float]], stop: list[str | None]) -> None:
+        """Each row's kept tokens and log-probs, and why it stopped (still sampling: aborted)."""
+        if not self.tokens:  # no step ran: aborted before the first, or no budget at all
+            stop[:] = ["aborted" if live else "length" for live in self.live.tolist()]
+            return
+        ids = torch.stack(self.tokens, dim=1).tolist()
+        logps = torch.stack(self.log_probs, dim=1).tolist()
+        ends = zip(self.lengths.tolist(), self.hit_eos.tolist(), self.live.tolist(), strict=True)
+        for i, (length, eos, live) in enumerate(ends):
+            new_ids[i] = ids[i][:length]
+            new_logps[i] = logps[i][:length]
+            stop[i] = "eos" if eos else "aborted" if live else "length"
 
 
 def _move_weights(model: torch.nn.Module, device: torch.device) -> None:
