@@ -35,8 +35,14 @@ class AgentConfig(StrictModel):
     """tool_agent: response tokens per trajectory, generated and observed together."""
     tool_timeout_s: float = Field(5.0, gt=0)
     """tool_agent: longest one tool call may take; a slower one answers with an error observation."""
+    tool_latency_median_s: float = Field(0.0, ge=0)
+    """tool_agent: median of a heavy-tailed (lognormal) delay added to every tool call, the same for the same trajectory and turn in every mode (0: none); a sandbox's latency, for benchmarks."""
+    tool_latency_sigma: float = Field(1.4, ge=0)
+    """tool_agent: shape of that delay; p99/p50 = exp(2.326 x sigma) (1.4 gives 26x); a delay past tool_timeout_s is a time-out."""
+    batches_in_flight: int = Field(1, ge=1)
+    """Batches a rollout replica's background generation keeps going at once; above 1, one batch generates while another waits on its tools (engine calls still take turns)."""
     tool_threads: int = Field(16, ge=1)
-    """tool_agent: tool calls of one round run side by side on this many threads; gateway_agent: agents run at once."""
+    """tool_agent: tool calls run side by side on this many threads (a call waits for a free one); gateway_agent: agents run at once."""
     gateway_program: str = "rl_train.examples.calculator_agent:run"
     """gateway_agent: the black-box agent, a module:function called as f(base_url, api_key, task) on a thread."""
     gateway_command: list[str] = Field(default_factory=list)

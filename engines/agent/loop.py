@@ -15,6 +15,15 @@ States: PENDING -> GENERATING <-> PROCESSING_TOOLS -> TERMINATED.
   and observed together), ``tool_timeout_s`` per call; hitting one ends the trajectory with
   its name as the stop reason.
 
+A batch of trajectories is stepped together, but no trajectory waits for another's tool: each
+round generates, as one engine batch, every trajectory whose tool has answered by then, while
+the other calls keep running. ``tool_latency_median_s`` adds a heavy-tailed (lognormal) delay
+to every call, drawn from the trajectory's id and turn alone, so that every trainer mode meets
+the same tail on the same prompts: the latency of a real sandbox, for the async benchmarks. A
+delay past the tool time limit answers with the time-out error. A ``stop`` event (set while the
+replica is held for a weight sync) ends the trajectories still in flight as ``aborted`` at once,
+rather than after their tools answer.
+
 The sequence is never re-tokenized: the ids the engine produced are kept as they are, and only
 each new observation is encoded. ``first_drift`` shows where a re-tokenization of the whole text
 would disagree with them (a decoder that drops a special token or a space does).
@@ -23,12 +32,14 @@ would disagree with them (a decoder that drops a special token or a space does).
 from __future__ import annotations
 
 import enum
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from rl_train.engines.agent.chat import parse_tool_call, tool_observation
-from rl_train.engines.agent.tools import ToolResult, run_tool
+from rl_train.engines.agent.tools import ToolResult, long_tail_seconds, run_tool
 from rl_train.engines.rollout.protocol import GenerationRequest, RolloutEngine, SamplingParams
 
 
@@ -44,6 +55,22 @@ class AgentLimits:
     max_turns: int = 4
     max_response_tokens: int = 64
     tool_timeout_s: float = 5.0
+    tool_latency_median_s: float = 0.0
+    """Median of the lognormal delay added to every tool call (0: none)."""
+    tool_latency_sigma: float = 1.4
+    """Shape of that delay: p99/p50 = exp(2.326 sigma)."""
+
+    def tool_delay(self, request_id: str, turn: int) -> float:
+        """The delay of the call made at ``turn`` of trajectory ``request_id`` (0 when off)."""
+        if self.tool_latency_median_s <= 0:
+            return 0.0
+        return long_tail_seconds(f"{request_id}#{turn}", self.tool_latency_median_s, self.tool_latency_sigma, float("inf"))
+
+Call = tuple[str, dict[str, Any]] | str
+"""A parsed tool call (name, arguments), or what is wrong with a malformed one."""
+
+_POLL_SECONDS = 0.02
+"""How often a loop waiting on tools looks at its stop event."""
 
 
 @dataclass
@@ -92,9 +119,22 @@ def observation_text(result: ToolResult) -> str:
     return tool_observation(result.text)
 
 
+@dataclass
+class _ToolWait:
+    """A trajectory in PROCESSING_TOOLS: its call, the call's future and when its answer may be read."""
+
+    trajectory: AgentTrajectory
+    call: Call
+    answer: Future[ToolResult]
+    ready_at: float
+    """``time.monotonic()`` from which the answer may be read (the simulated latency, if any)."""
+    delay: float
+
+
 class ToolAgentLoop:
-    """Runs trajectories through the states above; ``run_batch`` steps many at once, so that
-    each round of generation is one engine batch and the round's tool calls run side by side."""
+    """Runs trajectories through the states above; ``run_batch`` steps many at once: each round
+    of generation is one engine batch of the trajectories ready to generate, and tool calls run
+    side by side on ``tool_threads`` threads."""
 
     def __init__(self, engine: RolloutEngine, limits: AgentLimits | None = None, tool_threads: int = 16) -> None:
         self.engine = engine
@@ -105,37 +145,97 @@ class ToolAgentLoop:
     def run(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> AgentTrajectory:
         return self.run_batch([(request_id, prompt_ids)], params)[0]
 
-    def run_batch(self, starts: list[tuple[str, list[int]]], params: SamplingParams) -> list[AgentTrajectory]:
-        """(request id, prompt ids) of each trajectory -> the trajectories, in that order."""
+    def run_batch(
+        self, starts: list[tuple[str, list[int]]], params: SamplingParams, stop: threading.Event | None = None
+    ) -> list[AgentTrajectory]:
+        """(request id, prompt ids) of each trajectory -> the trajectories, in that order.
+
+        ``stop``: once set, every trajectory still in flight ends ``aborted`` (the engine's abort
+        ends the ones generating; this ends the ones waiting on a tool)."""
         trajectories = [AgentTrajectory(rid, list(ids), states=[AgentState.PENDING]) for rid, ids in starts]
-        active = list(trajectories)
         turn_params = SamplingParams(
             params.temperature, params.top_p, self.limits.max_response_tokens, params.seed, params.ignore_eos,
             params.return_routes,
         )  # fmt: skip
-        while active:
-            generating = [t for t in active if not self._out_of_room(t)]
-            if not generating:
-                break
-            for trajectory in generating:
-                trajectory.states.append(AgentState.GENERATING)
-            requests = [GenerationRequest(t.request_id, t.prompt_ids, list(t.response_ids)) for t in generating]
-            calls: list[tuple[AgentTrajectory, tuple[str, dict[str, Any]] | str]] = []
-            for trajectory, result in zip(generating, self.engine.generate(requests, turn_params), strict=True):
-                new_ids = self._append_turn(trajectory, result)
-                if result.stop_reason == "aborted":
+        ready, waiting = list(trajectories), list[_ToolWait]()
+        pool = ThreadPoolExecutor(self.tool_threads, thread_name_prefix="agent-tool")
+        try:
+            while ready or waiting:
+                if stop is not None and stop.is_set():
+                    break
+                generating = [t for t in ready if not self._out_of_room(t)]
+                if generating and self._generate_round(generating, turn_params, pool, waiting):
+                    break  # the engine was aborted: the replica is being held
+                ready = self._answered(waiting, stop)
+            for trajectory in [*ready, *(w.trajectory for w in waiting)]:
+                if not trajectory.stop_reason:
                     self._end(trajectory, "aborted")
-                    continue
-                call = parse_tool_call(self.tokenizer.decode(new_ids, skip_special_tokens=True))
-                if call is None:
-                    self._end(trajectory, result.stop_reason)
-                else:
-                    trajectory.states.append(AgentState.PROCESSING_TOOLS)
-                    calls.append((trajectory, call))
-            for (trajectory, call), outcome in zip(calls, self._run_tools([c for _, c in calls]), strict=True):
-                self._observe(trajectory, call, outcome)
-            active = [t for t in generating if not t.stop_reason]
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         return trajectories
+
+    def _generate_round(
+        self, generating: list[AgentTrajectory], params: SamplingParams, pool: ThreadPoolExecutor, waiting: list[_ToolWait]
+    ) -> bool:
+        """One engine batch; each turn that calls a tool starts the call. True when it was aborted."""
+        for trajectory in generating:
+            trajectory.states.append(AgentState.GENERATING)
+        requests = [GenerationRequest(t.request_id, t.prompt_ids, list(t.response_ids)) for t in generating]
+        aborted = False
+        for trajectory, result in zip(generating, self.engine.generate(requests, params), strict=True):
+            new_ids = self._append_turn(trajectory, result)
+            if result.stop_reason == "aborted":
+                self._end(trajectory, "aborted")
+                aborted = True
+                continue
+            call = parse_tool_call(self.tokenizer.decode(new_ids, skip_special_tokens=True))
+            if call is None:
+                self._end(trajectory, result.stop_reason)
+            else:
+                trajectory.states.append(AgentState.PROCESSING_TOOLS)
+                waiting.append(self._start_tool(trajectory, call, pool))
+        return aborted
+
+    def _start_tool(self, trajectory: AgentTrajectory, call: Call, pool: ThreadPoolExecutor) -> _ToolWait:
+        """A malformed call is answered with what is wrong with it; a call slower than the time limit
+        (by its simulated delay) with the time-out error, once the limit has passed."""
+        timeout = self.limits.tool_timeout_s
+        delay = self.limits.tool_delay(trajectory.request_id, trajectory.turns)
+        answer: Future[ToolResult]
+        if isinstance(call, str) or delay > timeout:
+            answer = Future()
+            text = f"error: {call}" if isinstance(call, str) else f"error: no answer within {timeout:g} s"
+            answer.set_result(ToolResult(text, True))
+            delay = min(delay, timeout)
+        else:
+            answer = pool.submit(run_tool, call[0], call[1], timeout)
+        return _ToolWait(trajectory, call, answer, time.monotonic() + delay, delay)
+
+    def _answered(self, waiting: list[_ToolWait], stop: threading.Event | None) -> list[AgentTrajectory]:
+        """Waits until at least one call has answered (or ``stop`` is set); takes every answered call
+        out of ``waiting``, observes its answer and returns those trajectories, ready to generate."""
+        while waiting:
+            now = time.monotonic()
+            done = [w for w in waiting if w.answer.done() and w.ready_at <= now]
+            if done:
+                for wait_ in done:
+                    waiting.remove(wait_)
+                    result = wait_.answer.result()
+                    result.seconds += wait_.delay
+                    self._observe(wait_.trajectory, wait_.call, result)
+                return [w.trajectory for w in done]
+            if stop is not None and stop.is_set():
+                return []
+            running = [w.answer for w in waiting if not w.answer.done()]
+            next_ready = min((w.ready_at for w in waiting if w.answer.done()), default=None)
+            timeout = None if next_ready is None else max(next_ready - now, 0.0)
+            if stop is not None:
+                timeout = _POLL_SECONDS if timeout is None else min(timeout, _POLL_SECONDS)
+            if running:
+                wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            else:
+                time.sleep(timeout or 0.0)
+        return []
 
     def _out_of_room(self, trajectory: AgentTrajectory) -> bool:
         """Ends a trajectory that may not generate again (its turns or tokens are spent)."""
@@ -150,21 +250,7 @@ class ToolAgentLoop:
         trajectory.add_generated(new_ids, list(result.log_probs), list(result.token_versions))
         return new_ids
 
-    def _run_tools(self, calls: list[tuple[str, dict[str, Any]] | str]) -> list[ToolResult]:
-        """Each well-formed call run with the tool time limit, side by side; a malformed one answered
-        with what is wrong with it."""
-
-        def one(call: tuple[str, dict[str, Any]] | str) -> ToolResult:
-            if isinstance(call, str):
-                return ToolResult(f"error: {call}", True)
-            return run_tool(call[0], call[1], self.limits.tool_timeout_s)
-
-        if len(calls) <= 1:
-            return [one(call) for call in calls]
-        with ThreadPoolExecutor(min(self.tool_threads, len(calls)), thread_name_prefix="agent-tool") as pool:
-            return list(pool.map(one, calls))
-
-    def _observe(self, trajectory: AgentTrajectory, call: tuple[str, dict[str, Any]] | str, result: ToolResult) -> None:
+    def _observe(self, trajectory: AgentTrajectory, call: Call, result: ToolResult) -> None:
         """The tool's answer appended as observation ids (mask 0), cut to the response budget."""
         name = "<malformed>" if isinstance(call, str) else call[0]
         trajectory.tool_calls.append(ToolCallRecord(name, result.error, result.seconds))

@@ -14,6 +14,7 @@ prefix:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -27,13 +28,19 @@ if TYPE_CHECKING:
 
 Start = tuple[str, list[int], list[int]]
 """(request id, prompt ids, response prefix)."""
-AgentLoopFn = Callable[["RolloutEngine", list[Start], SamplingParams, "AgentConfig"], list[AgentTrajectory]]
+AgentLoopFn = Callable[
+    ["RolloutEngine", list[Start], SamplingParams, "AgentConfig", "threading.Event | None"], list[AgentTrajectory]
+]
+"""(engine, starts, sampling, ``rollout.agent``, stop) -> trajectories. ``stop`` is set while the
+replica is held (a weight sync): a loop ends what it still has in flight as ``aborted``."""
 
 AGENT_LOOPS: Registry[AgentLoopFn] = Registry("agent loop")
 
 
 @AGENT_LOOPS.register("single_turn")
-def single_turn(engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig) -> list[AgentTrajectory]:
+def single_turn(
+    engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig, stop: threading.Event | None = None
+) -> list[AgentTrajectory]:
     requests = [GenerationRequest(rid, ids, response_prefix=list(prefix)) for rid, ids, prefix in starts]
     states = [AgentState.PENDING, AgentState.GENERATING, AgentState.TERMINATED]
     return [
@@ -46,14 +53,20 @@ def single_turn(engine: RolloutEngine, starts: list[Start], params: SamplingPara
 
 
 @AGENT_LOOPS.register("tool_agent")
-def tool_agent(engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig) -> list[AgentTrajectory]:
-    limits = AgentLimits(cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s)
+def tool_agent(
+    engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig, stop: threading.Event | None = None
+) -> list[AgentTrajectory]:
+    limits = AgentLimits(
+        cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s, cfg.tool_latency_median_s, cfg.tool_latency_sigma
+    )
     loop = ToolAgentLoop(engine, limits, cfg.tool_threads)
-    return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params)
+    return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params, stop)
 
 
 @AGENT_LOOPS.register("gateway_agent")
-def gateway_agent(engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig) -> list[AgentTrajectory]:
+def gateway_agent(
+    engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig, stop: threading.Event | None = None
+) -> list[AgentTrajectory]:
     """Each trajectory is a black-box agent's session on this replica's gateway (R-5.5)."""
     from rl_train.engines.agent.gateway_runs import run_gateway_agents
 

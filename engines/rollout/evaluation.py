@@ -63,7 +63,7 @@ class PolicyEvaluator:
         results: dict[str, Any] = {}
         for loop in dict.fromkeys(loops):
             starts = [(str(j), self.encode_prompt(prompts[i]["prompt"]), []) for j, i in enumerate(owners) if loops[j] == loop]
-            results.update((t.request_id, t) for t in AGENT_LOOPS.get(loop)(self.engine, starts, params, self.agent))
+            results.update((t.request_id, t) for t in AGENT_LOOPS.get(loop)(self.engine, starts, params, self.agent, None))
         answers = []
         for j, i in enumerate(owners):
             result, row, truth = results[str(j)], prompts[i], str(prompts[i]["ground_truth"])

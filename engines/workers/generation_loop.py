@@ -5,6 +5,11 @@ the same kind as one engine batch. ``hold`` stops generation at the next token (
 abort returns partial results, which the replica keeps and re-queues first) and waits until
 the engine is idle: weight pushes and sleep happen under a hold, so a partial rollout resumes
 under the new weights. Holds nest: each ``hold`` needs its ``release``.
+
+With ``batches_in_flight`` above 1, as many threads each drain the queue: while one batch waits
+on its tools, another generates (the caller makes engine calls take turns). ``stopping`` is set
+from a ``hold`` until the last ``release``: a batch waiting on tools ends what it has in flight
+as aborted rather than keep the hold waiting for its slowest call.
 """
 
 from __future__ import annotations
@@ -24,30 +29,36 @@ class GenerationLoop:
         run: Callable[[str, list[str], int, dict[str, Any]], list[str]],
         abort: Callable[[], Any],
         max_groups_per_batch: int = 64,
+        batches_in_flight: int = 1,
     ) -> None:
         """``run`` generates groups and returns the keys it left unfinished (aborted)."""
         self._run, self._abort = run, abort
         self._max_groups = max_groups_per_batch
+        self._batches_in_flight = batches_in_flight
         self._queue: deque[tuple[Job, str]] = deque()
         self._cond = threading.Condition()
         self._holds = 0
-        self._busy = False
-        self._thread: threading.Thread | None = None
+        self._busy = 0
+        """Batches being generated now."""
+        self._threads: list[threading.Thread] = []
+        self.stopping = threading.Event()
         self.errors: list[str] = []
 
     def enqueue(self, partition: str, keys: list[str], n: int, params: dict[str, Any]) -> None:
         job = (partition, n, tuple(sorted(params.items())))
         with self._cond:
             self._queue.extend((job, key) for key in keys)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="generation-loop", daemon=True)
-                self._thread.start()
+            while len(self._threads) < self._batches_in_flight:
+                thread = threading.Thread(target=self._loop, name=f"generation-loop-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
             self._cond.notify_all()
 
     def hold(self, poll_seconds: float = 0.02) -> None:
         """Stop generating (in-flight groups return partial) and wait until the engine is idle."""
         with self._cond:
             self._holds += 1
+            self.stopping.set()
             while self._busy:
                 self._abort()  # repeated: an abort that lands before a batch starts is cleared by it
                 self._cond.wait(poll_seconds)
@@ -55,6 +66,8 @@ class GenerationLoop:
     def release(self) -> None:
         with self._cond:
             self._holds = max(self._holds - 1, 0)
+            if not self._holds:
+                self.stopping.clear()
             self._cond.notify_all()
 
     def pop_errors(self) -> list[str]:
@@ -81,7 +94,7 @@ class GenerationLoop:
                 else:
                     rest.append(item)
             self._queue.extendleft(reversed(rest))
-            self._busy = True
+            self._busy += 1
             return job, keys
 
     def _loop(self) -> None:
@@ -97,5 +110,5 @@ class GenerationLoop:
                 with self._cond:
                     job = (partition, n, params)
                     self._queue.extendleft((job, key) for key in reversed(unfinished))
-                    self._busy = False
+                    self._busy -= 1
                     self._cond.notify_all()

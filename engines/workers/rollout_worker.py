@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
@@ -36,6 +37,32 @@ def agent_fields(trajectory: Any) -> dict[str, Any]:
     }
 
 
+class TurnTakingEngine:
+    """The replica's engine as its agent loops see it: generate calls take turns (batches in flight
+    share one engine), and the time spent generating is counted as the replica's busy time."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._turn = threading.Lock()
+        self.busy_seconds = 0.0
+
+    def generate(self, requests: list[Any], params: SamplingParams) -> list[Any]:
+        with self._turn:
+            started = time.perf_counter()
+            try:
+                return self._engine.generate(requests, params)
+            finally:
+                self.busy_seconds += time.perf_counter() - started
+
+    def pop_busy_seconds(self) -> float:
+        with self._turn:
+            busy, self.busy_seconds = self.busy_seconds, 0.0
+        return busy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
 class RolloutWorker:
     def __init__(
         self,
@@ -64,8 +91,10 @@ class RolloutWorker:
         self.tool_latency = ToolEnvConfig(**(tool_env or {})).build()
         self.agent = AgentConfig.model_validate(agent or {})
         self.tool_calls = DelayedCalls()
-        self.busy_seconds = 0.0
-        self.loop = GenerationLoop(self._generate_in_background, self.engine.abort)
+        self.turns = TurnTakingEngine(self.engine)
+        self.loop = GenerationLoop(
+            self._generate_in_background, self.engine.abort, batches_in_flight=self.agent.batches_in_flight
+        )
         self._incarnation = uuid.uuid4().hex
         """New each time the actor is (re)constructed: how the pools notice a restart."""
 
@@ -130,10 +159,11 @@ class RolloutWorker:
                         # a single turn continues its partial rollout; a tool loop starts afresh
                         prefix = list(old["response_ids"]) if old and loop_of[key] == "single_turn" else []
                         starts.setdefault(loop_of[key], []).append((f"{key}/{j}", ids, prefix))
-            started = time.perf_counter()
             sampling = SamplingParams(**params)
-            results = [t for loop, batch in starts.items() for t in AGENT_LOOPS.get(loop)(self.engine, batch, sampling, self.agent)]
-            self.busy_seconds += time.perf_counter() - started
+            stop = self.loop.stopping
+            results = [
+                t for loop, batch in starts.items() for t in AGENT_LOOPS.get(loop)(self.turns, batch, sampling, self.agent, stop)
+            ]
         except Exception:
             ray.get(self.tq.set_tags.remote(partition, {k: {"status": "failure"} for k in prompt_keys}))
             raise
@@ -219,8 +249,7 @@ class RolloutWorker:
     def pop_activity(self) -> dict[str, float]:
         """Engine-busy seconds since the last call (the rest of the wall time rollout was idle),
         and the groups whose tool calls are still running."""
-        busy, self.busy_seconds = self.busy_seconds, 0.0
-        return {"busy_seconds": busy, "groups_awaiting_tools": float(self.tool_calls.pending())}
+        return {"busy_seconds": self.turns.pop_busy_seconds(), "groups_awaiting_tools": float(self.tool_calls.pending())}
 
     # -- lifecycle and weights ----------------------------------------------------------
     def sleep(self) -> None:

@@ -5,6 +5,7 @@ and the reward of a multi-turn trajectory, and the agent metrics."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def _calc(expression: str) -> str:
     return CALL.format(name="calculator", arguments=f'{{"expression":"{expression}"}}')
 
 
-def test_each_round_is_one_engine_batch(tokenizer) -> None:
+def test_each_round_is_one_engine_batch_of_the_trajectories_ready(tokenizer) -> None:
     engine = BatchScript(
         tokenizer,
         {"a": [_calc("1+2"), "3"], "b": ["9"], "c": [_calc("2*3"), _calc("6+1"), "7"]},
@@ -60,13 +61,69 @@ def test_each_round_is_one_engine_batch(tokenizer) -> None:
     loop = ToolAgentLoop(engine, AgentLimits(max_turns=4, max_response_tokens=400))  # type: ignore[arg-type]
     prompt = [tokenizer.bos_token_id, *tokenizer.encode("x=", add_special_tokens=False)]
     out = loop.run_batch([("a", prompt), ("b", prompt), ("c", prompt)], SamplingParams())
-    assert engine.batches == [["a", "b", "c"], ["a", "c"], ["c"]]
+    # The first round is one batch; later ones hold whoever's tool had answered by then (the two
+    # calculator calls may answer together or one after the other).
+    assert engine.batches[0] == ["a", "b", "c"]
+    assert all(len(set(batch)) == len(batch) for batch in engine.batches)
+    assert [sum(rid in batch for batch in engine.batches) for rid in "abc"] == [2, 1, 3]
     assert [t.turns for t in out] == [2, 1, 3] and [len(t.tool_calls) for t in out] == [1, 0, 2]
     for trajectory in out:
         assert len(trajectory.response_mask) == len(trajectory.response_ids) == len(trajectory.log_probs)
     texts = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in out]
     assert "<tool_response>3</tool_response>3" in texts[0] and texts[1] == "9"
     assert "<tool_response>6</tool_response>" in texts[2] and "<tool_response>7</tool_response>7" in texts[2]
+
+
+def test_a_slow_tool_holds_back_only_its_own_trajectory(tokenizer) -> None:
+    """b's tool answers only after a has had its second turn: a never waits for b's call."""
+    released = threading.Event()
+
+    def slow(arguments: dict, timeout_s: float) -> str:
+        assert released.wait(timeout=5), "a's second turn never came"
+        return "late"
+
+    if "test_slow" not in TOOLS:
+        register_tool(Tool("test_slow", "answers when released", {"type": "object"}, slow))
+
+    class Releasing(BatchScript):
+        def generate(self, requests, params):
+            out = super().generate(requests, params)
+            if len(self.batches) == 2:
+                released.set()
+            return out
+
+    engine = Releasing(tokenizer, {"a": [_calc("1+2"), "3"], "b": [CALL.format(name="test_slow", arguments="{}"), "ok"]})
+    loop = ToolAgentLoop(engine, AgentLimits(max_response_tokens=400, tool_timeout_s=10))  # type: ignore[arg-type]
+    out = loop.run_batch([("a", [1]), ("b", [1])], SamplingParams())
+    assert engine.batches == [["a", "b"], ["a"], ["b"]]
+    assert [[c.error for c in t.tool_calls] for t in out] == [[False], [False]]
+
+
+def test_simulated_tool_latency_is_per_trajectory_and_turn_and_times_out(tokenizer) -> None:
+    limits = AgentLimits(max_response_tokens=400, tool_timeout_s=0.3, tool_latency_median_s=0.05, tool_latency_sigma=1.4)
+    delays = {rid: limits.tool_delay(rid, 1) for rid in (f"p/{i}" for i in range(12))}
+    assert delays == {rid: limits.tool_delay(rid, 1) for rid in delays}  # the same call waits the same time
+    assert limits.tool_delay("p/0", 2) != delays["p/0"] and AgentLimits().tool_delay("p/0", 1) == 0.0
+    slow = max(delays, key=delays.__getitem__)
+    fast = min(delays, key=delays.__getitem__)
+    assert delays[slow] > 0.3 > delays[fast]  # one past the time limit, one within it
+    engine = BatchScript(tokenizer, {rid: [_calc("1+2"), "3"] for rid in (fast, slow)})
+    out = ToolAgentLoop(engine, limits).run_batch([(fast, [1]), (slow, [1])], SamplingParams())  # type: ignore[arg-type]
+    assert engine.batches == [[fast, slow], [fast], [slow]]  # the fast one never waits for the slow one
+    assert [c.error for c in out[0].tool_calls] == [False] and out[0].tool_calls[0].seconds >= delays[fast]
+    assert [c.error for c in out[1].tool_calls] == [True] and out[1].tool_calls[0].seconds >= 0.3
+    assert "no answer within 0.3 s" in tokenizer.decode(out[1].response_ids, skip_special_tokens=True)
+
+
+def test_stop_ends_the_trajectories_waiting_on_tools_as_aborted(tokenizer) -> None:
+    stop = threading.Event()
+    limits = AgentLimits(max_response_tokens=400, tool_timeout_s=30, tool_latency_median_s=20, tool_latency_sigma=0)
+    engine = BatchScript(tokenizer, {"a": [_calc("1+2"), "3"], "b": ["9"]})
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    out = ToolAgentLoop(engine, limits).run_batch([("a", [1]), ("b", [1])], SamplingParams(), stop)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5  # not the 20 s the call would take
+    assert [t.stop_reason for t in out] == ["aborted", "eos"] and out[0].states[-1].value == "terminated"
 
 
 def test_the_tool_calls_of_a_round_run_side_by_side(tokenizer) -> None:
