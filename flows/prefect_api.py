@@ -33,8 +33,10 @@ from rl_train.child_process import free_port, own_session_ended_with_parent
 TEMPORARY_API_ENV = "RL_TRAIN_TEMPORARY_PREFECT_API"
 """Set (to the URL) in a process whose ``PREFECT_API_URL`` is this module's temporary server,
 so that code asking "did the user configure a server?" can tell the two apart."""
-APP_FACTORY = "prefect.server.api.server:create_app"
-"""What Prefect's own temporary server serves (``SubprocessASGIServer``)."""
+APP_FACTORY = "rl_train.flows.prefect_app:create_app"
+"""What Prefect's own temporary server serves (``SubprocessASGIServer``'s
+``prefect.server.api.server:create_app``), behind a retry of its own SQLite lock conflicts
+(``flows/prefect_app.py``)."""
 PORT_IN_USE_EXIT = 3
 """uvicorn's exit status when its port was taken between choosing and binding it."""
 STOP_GRACE_S = 5.0
