@@ -21,7 +21,13 @@ from rl_train.flows.checkpointing import DriverState, RunCheckpointer, read_driv
 from rl_train.flows.context import RunContext
 from rl_train.flows.resume import LEDGER_FILE, RunStart, checkpoint_store, open_run_files, plan_run_start
 from rl_train.flows.step import PhaseRunner, run_global_step, step_settings
-from rl_train.flows.ui import end_stale_steps, publish_run_end, publish_step, step_run_name
+from rl_train.flows.ui import (
+    end_stale_steps,
+    publish_run_end,
+    publish_step,
+    step_run_name,
+    wait_for_published,
+)
 from rl_train.storage.builtin_data import write_builtin_task
 from rl_train.storage.checkpoint import CheckpointCorruptError, CheckpointError, CheckpointStore
 from rl_train.storage.dataset import PromptLoader, load_prompts
@@ -305,7 +311,9 @@ class BaseTrainer(ABC):
 
     def teardown(self) -> None:
         """Finish the checkpoint being written, close weight sync and kill the run's actors
-        (idempotent). A write that cannot finish (a worker died) is logged, never committed."""
+        (idempotent). A write that cannot finish (a worker died) is logged, never committed.
+        The last steps' artifacts still queued for the run's page are sent first."""
+        wait_for_published()
         if self.checkpointer is not None:
             checkpointer, self.checkpointer = self.checkpointer, None
             try:
