@@ -1,15 +1,17 @@
-"""Trained samples per second of the three trainer modes on the long-tail tool environment.
+"""Trained samples per second, and time to reward, of the three trainer modes on a real tool loop.
 
-Every mode trains the same policy on the same prompts for the same number of global steps
-(so the same number of trained samples), on the same CPUs, with the same number of
-optimizer steps per global step, and every trajectory ends with the same simulated sandbox
-call (``rollout.tool_env = long_tail_sandbox``: lognormal latency, a pure function of the
-trajectory key, so each mode meets the same tail on the same prompts). What differs is
-only what the mode overlaps:
+Every mode trains the same policy on the built-in tool task (``configs/tool-tiny.yaml``:
+three-digit sums answered through the calculator, every trajectory a multi-turn
+``tool_agent`` loop) for the same number of global steps (so the same number of trained
+samples), on the same CPUs, with the same number of optimizer steps per global step. Every
+tool call the loop makes waits a heavy-tailed delay before its answer
+(``rollout.agent.tool_latency_median_s`` / ``tool_latency_sigma``: lognormal, a pure
+function of the trajectory and the turn, so each mode meets the same tail on the same
+prompts): a sandbox's latency. What differs is only what the mode overlaps:
 
-- ``sync`` waits, every step, for the slowest sandbox call of the batch, then trains;
+- ``sync`` waits, every step, for the slowest tool call of the batch, then trains;
 - ``colocate_async`` trains on the groups that are done while the rest of the tail (and
-  the prefetched next batch) keeps running in the sandboxes;
+  the prefetched next batch) keeps running in the tools;
 - ``separate_async`` keeps a standalone rollout pool generating on its own share of the
   CPUs, with ``parameter_sync_step`` local updates per global step and one global batch in
   flight beyond the one being trained (``replay.prefetch_batches = parameter_sync_step``).
@@ -17,19 +19,25 @@ only what the mode overlaps:
 The async modes run with their defaults: token-level IS and the staleness thresholds that
 hold colocate_async to 1 version behind and separate_async to ``parameter_sync_step``.
 
-The clock runs from the trainer's first hook (before any warm-up dispatch) to the end of
-its last step, so start-up (Ray, actors) is left out for every mode alike. The table gives
-samples/s and the ratio to sync, measured in this run, plus the staleness (versions behind),
-evictions, rollout idle fraction and trainer wait of each mode, and the reward reached.
+Each replica keeps ``--batches-in-flight`` batches going in the async modes (one generates
+while another waits on its tools); sync generates its one batch per step. The clock runs from
+the trainer's first hook (before any warm-up dispatch) to the end of each step, so start-up
+(Ray, actors) is left out for every mode alike. The table gives samples/s and the ratio to
+sync, measured in this run, plus the staleness (versions behind), evictions, rollout idle
+fraction and trainer wait of each mode, the reward reached, and the wall time to a
+``--window``-step mean training reward of ``--target`` (with its ratio to sync's: the
+learning a mode's throughput buys, stale samples included).
 
     python -m rl_train.bench.async_vs_sync                     # defaults below
-    python -m rl_train.bench.async_vs_sync --steps 20 --median-seconds 0.2
+    python -m rl_train.bench.async_vs_sync --steps 40 --median-seconds 0.2
     python -m rl_train.bench.async_vs_sync --modes sync separate_async actor.lr=0.002
+    python -m rl_train.bench.async_vs_sync --config configs/arith-tiny.yaml  # single-turn task
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -46,6 +54,8 @@ from rl_train.flows.registry import get_trainer_class  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("sync", "colocate_async", "separate_async")
+NORMAL_P99 = 2.326
+"""The standard normal's 99th percentile: a lognormal's p99 / p50 is exp(2.326 sigma)."""
 
 
 def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
@@ -60,9 +70,8 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
         "trainer.val_every_steps=0",
         "trainer.val_before_train=false",
         f"trainer.use_prefect={str(args.prefect).lower()}",
-        "rollout.tool_env.name=long_tail_sandbox",
-        f"rollout.tool_env.latency_median_seconds={args.median_seconds}",
-        f"rollout.tool_env.latency_sigma={args.sigma}",
+        f"rollout.agent.tool_latency_median_s={args.median_seconds}",
+        f"rollout.agent.tool_latency_sigma={args.sigma}",
         f"run.name=async-vs-sync-{mode}-{time.strftime('%Y%m%d-%H%M%S')}",  # never reuse a run dir
         f"run.output_dir={args.output_dir}",
     ]
@@ -77,6 +86,7 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
             "rollout.weight_sync.transport=shm",
             f"rollout.num_threads={rollout_threads}",
             f"actor.num_threads={max(cpus - rollout_threads, 1)}",
+            f"rollout.agent.batches_in_flight={args.batches_in_flight}",
         ]
     # Co-located modes alternate rollout and training on all the cores.
     return [
@@ -84,18 +94,33 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
         "trainer.parameter_sync_step=1",
         f"rollout.num_threads={cpus}",
         f"actor.num_threads={cpus}",
+        *([f"rollout.agent.batches_in_flight={args.batches_in_flight}"] if mode != "sync" else []),
     ]
 
 
-def run_mode(mode: str, config: Config) -> dict[str, Any]:
+def first_reaching(rewards: list[float], target: float, window: int) -> int | None:
+    """The first step (1-based) whose ``window``-step mean reward is at least ``target``."""
+    for end in range(window, len(rewards) + 1):
+        if sum(rewards[end - window : end]) / window >= target:
+            return end
+    return None
+
+
+def run_mode(mode: str, config: Config, target: float, window: int) -> dict[str, Any]:
     base = get_trainer_class(mode)
 
     class Timed(base):  # type: ignore[misc, valid-type]
         clock: dict[str, float] = {}
+        step_ends: list[float] = []
 
         def on_train_begin(self) -> None:
             self.clock["start"] = time.perf_counter()
             super().on_train_begin()
+
+        def step(self, step: int) -> dict[str, float]:
+            metrics = super().step(step)
+            self.step_ends.append(time.perf_counter() - self.clock["start"])
+            return metrics
 
         def on_train_end(self) -> None:
             super().on_train_end()
@@ -103,6 +128,8 @@ def run_mode(mode: str, config: Config) -> dict[str, Any]:
 
     history = Timed(config).fit()
     seconds = Timed.clock["end"] - Timed.clock["start"]
+    rewards = [m["reward/mean"] for m in history]
+    reached = first_reaching(rewards, target, window)
     samples = config.trainer.total_steps * config.trainer.train_batch_size * config.rollout.n
     last = history[-max(len(history) // 4, 1) :]
 
@@ -121,25 +148,33 @@ def run_mode(mode: str, config: Config) -> dict[str, Any]:
         "trainer_wait_s": total("replay/sample_wait_seconds"),
         "reward_first": history[0]["reward/mean"],
         "reward_last": mean(m["reward/mean"] for m in last),
+        "steps_to_target": reached,
+        "seconds_to_target": Timed.step_ends[reached - 1] if reached else None,
+        "tool_calls_per_trajectory": mean(m.get("agent/tool_calls_mean", 0.0) for m in history),
+        "rewards": rewards,
     }
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def format_table(rows: list[dict[str, Any]], target: float = 0.9, window: int = 10) -> str:
     baseline = next((r["samples_per_second"] for r in rows if r["mode"] == "sync"), None)
+    sync_to_target = next((r.get("seconds_to_target") for r in rows if r["mode"] == "sync"), None)
     lines = [
         "| mode | wall s | samples/s | vs sync | staleness mean / max | evicted stale / filter / fail "
-        "| rescues | rollout idle | trainer wait s | reward first -> last quarter |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| rescues | rollout idle | trainer wait s | reward first -> last quarter | s to {window}-step mean {target} | sync / mode |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         ratio = f"{r['samples_per_second'] / baseline:.2f}x" if baseline else "-"
         ev = r["evicted"]
+        to_target = r.get("seconds_to_target")
+        reached = f"{to_target:.1f} (step {r['steps_to_target']})" if to_target else "not reached"
+        sooner = f"{sync_to_target / to_target:.2f}x" if to_target and sync_to_target else "-"
         lines.append(
             f"| {r['mode']} | {r['seconds']:.1f} | {r['samples_per_second']:.1f} | {ratio} "
             f"| {r['staleness_mean']:.2f} / {r['staleness_max']:.0f} "
             f"| {ev['staleness']:.0f} / {ev['filter']:.0f} / {ev['failure']:.0f} | {r['rescues']:.0f} "
             f"| {r['rollout_idle']:.0%} | {r['trainer_wait_s']:.1f} "
-            f"| {r['reward_first']:.2f} -> {r['reward_last']:.2f} |"
+            f"| {r['reward_first']:.2f} -> {r['reward_last']:.2f} | {reached} | {sooner} |"
         )
     return "\n".join(lines)
 
@@ -148,14 +183,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", default=str(REPO / "configs" / "arith-tiny.yaml"))
+    parser.add_argument("--config", default=str(REPO / "configs" / "tool-tiny.yaml"))
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--steps", type=int, default=16, help="global steps per mode")
     parser.add_argument("--batch", type=int, default=32, help="prompt groups per global step")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--parameter-sync-step", type=int, default=4, help="separate_async local updates")
-    parser.add_argument("--median-seconds", type=float, default=0.1, help="sandbox latency p50")
+    parser.add_argument("--median-seconds", type=float, default=0.1, help="tool latency p50")
     parser.add_argument("--sigma", type=float, default=1.4, help="lognormal shape (1.4: p99/p50 = 26)")
+    parser.add_argument("--batches-in-flight", type=int, default=2, help="async modes: batches per replica at once")
+    parser.add_argument("--target", type=float, default=0.9, help="training reward the time-to-reward column waits for")
+    parser.add_argument("--window", type=int, default=10, help="steps in that moving mean")
     parser.add_argument("--prefect", action="store_true", help="run steps as Prefect flows (off: direct)")
     parser.add_argument("--output-dir", default="/tmp/rl-train-bench")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides applied to every mode")
@@ -163,14 +201,15 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for mode in args.modes:
         config = load_config(args.config, [*mode_overrides(mode, args), *args.overrides])
-        rows.append(run_mode(mode, config))
-        print(f"{mode}: {rows[-1]['samples_per_second']:.1f} samples/s", file=sys.stderr, flush=True)
-    tail = config.rollout.tool_env
+        rows.append(run_mode(mode, config, args.target, args.window))
+        print(f"{mode}: {rows[-1]['samples_per_second']:.1f} samples/s; rewards "
+              + " ".join(f"{r:.2f}" for r in rows[-1]["rewards"]), file=sys.stderr, flush=True)  # fmt: skip
+    p99 = args.median_seconds * math.exp(NORMAL_P99 * args.sigma)
     print(
-        f"long-tail sandbox: p50 {tail.quantile_seconds(0.5):.2f}s, p99 {tail.quantile_seconds(0.99):.2f}s; "
+        f"tool latency: p50 {args.median_seconds:.2f}s, p99 {p99:.2f}s per call; "
         f"{args.steps} steps x {args.batch} groups x {args.n} samples per mode; {os.cpu_count()} CPUs"
     )
-    print(format_table(rows))
+    print(format_table(rows, args.target, args.window))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,13 +147,27 @@ class ToolAgentLoop:
         return self.run_batch([(request_id, prompt_ids)], params)[0]
 
     def run_batch(
-        self, starts: list[tuple[str, list[int]]], params: SamplingParams, stop: threading.Event | None = None
+        self,
+        starts: list[tuple[str, list[int]]],
+        params: SamplingParams,
+        stop: threading.Event | None = None,
+        on_done: Callable[[AgentTrajectory], None] | None = None,
     ) -> list[AgentTrajectory]:
         """(request id, prompt ids) of each trajectory -> the trajectories, in that order.
 
         ``stop``: once set, every trajectory still in flight ends ``aborted`` (the engine's abort
-        ends the ones generating; this ends the ones waiting on a tool)."""
+        ends the ones generating; this ends the ones waiting on a tool). ``on_done`` is called,
+        on this thread, with each trajectory as soon as it has ended (any reason), while the
+        others go on: a caller can hand finished work on without waiting for the batch's tail."""
         trajectories = [AgentTrajectory(rid, list(ids), states=[AgentState.PENDING]) for rid, ids in starts]
+        reported: set[str] = set()
+
+        def report() -> None:
+            for trajectory in trajectories:
+                if on_done is not None and trajectory.stop_reason and trajectory.request_id not in reported:
+                    reported.add(trajectory.request_id)
+                    on_done(trajectory)
+
         turn_params = SamplingParams(
             params.temperature, params.top_p, self.limits.max_response_tokens, params.seed, params.ignore_eos,
             params.return_routes,
@@ -166,10 +181,12 @@ class ToolAgentLoop:
                 generating = [t for t in ready if not self._out_of_room(t)]
                 if generating and self._generate_round(generating, turn_params, pool, waiting):
                     break  # the engine was aborted: the replica is being held
+                report()
                 ready = self._answered(waiting, stop)
             for trajectory in [*ready, *(w.trajectory for w in waiting)]:
                 if not trajectory.stop_reason:
                     self._end(trajectory, "aborted")
+            report()
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
         return trajectories

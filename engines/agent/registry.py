@@ -28,19 +28,30 @@ if TYPE_CHECKING:
 
 Start = tuple[str, list[int], list[int]]
 """(request id, prompt ids, response prefix)."""
+OnDone = Callable[[AgentTrajectory], None]
 AgentLoopFn = Callable[
-    ["RolloutEngine", list[Start], SamplingParams, "AgentConfig", "threading.Event | None"], list[AgentTrajectory]
+    ["RolloutEngine", list[Start], SamplingParams, "AgentConfig", "threading.Event | None", "OnDone | None"],
+    list[AgentTrajectory],
 ]
-"""(engine, starts, sampling, ``rollout.agent``, stop) -> trajectories. ``stop`` is set while the
-replica is held (a weight sync): a loop ends what it still has in flight as ``aborted``."""
+"""(engine, starts, sampling, ``rollout.agent``, stop, on_done) -> trajectories. ``stop`` is set
+while the replica is held (a weight sync): a loop ends what it still has in flight as
+``aborted``. A loop may call ``on_done`` with a trajectory as soon as it has ended (the tool
+loop does), so that its caller need not wait for the batch's slowest one; every trajectory
+is returned at the end either way."""
 
 AGENT_LOOPS: Registry[AgentLoopFn] = Registry("agent loop")
 
 
 @AGENT_LOOPS.register("single_turn")
 def single_turn(
-    engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig, stop: threading.Event | None = None
+    engine: RolloutEngine,
+    starts: list[Start],
+    params: SamplingParams,
+    cfg: AgentConfig,
+    stop: threading.Event | None = None,
+    on_done: OnDone | None = None,
 ) -> list[AgentTrajectory]:
+    """One engine batch: every trajectory ends with it (``on_done`` has nothing to add)."""
     requests = [GenerationRequest(rid, ids, response_prefix=list(prefix)) for rid, ids, prefix in starts]
     states = [AgentState.PENDING, AgentState.GENERATING, AgentState.TERMINATED]
     return [
@@ -54,18 +65,28 @@ def single_turn(
 
 @AGENT_LOOPS.register("tool_agent")
 def tool_agent(
-    engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig, stop: threading.Event | None = None
+    engine: RolloutEngine,
+    starts: list[Start],
+    params: SamplingParams,
+    cfg: AgentConfig,
+    stop: threading.Event | None = None,
+    on_done: OnDone | None = None,
 ) -> list[AgentTrajectory]:
     limits = AgentLimits(
         cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s, cfg.tool_latency_median_s, cfg.tool_latency_sigma
     )
     loop = ToolAgentLoop(engine, limits, cfg.tool_threads)
-    return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params, stop)
+    return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params, stop, on_done)
 
 
 @AGENT_LOOPS.register("gateway_agent")
 def gateway_agent(
-    engine: RolloutEngine, starts: list[Start], params: SamplingParams, cfg: AgentConfig, stop: threading.Event | None = None
+    engine: RolloutEngine,
+    starts: list[Start],
+    params: SamplingParams,
+    cfg: AgentConfig,
+    stop: threading.Event | None = None,
+    on_done: OnDone | None = None,
 ) -> list[AgentTrajectory]:
     """Each trajectory is a black-box agent's session on this replica's gateway (R-5.5)."""
     from rl_train.engines.agent.gateway_runs import run_gateway_agents

@@ -140,13 +140,21 @@ class RolloutWorker:
         A prompt tagged ``partial`` continues its aborted trajectories from their tokens
         (``response_prefix``) under the weights served now; finished siblings are kept. An
         abort leaves the prompt ``pending`` with its partial trajectories stored (R-2.5).
-        With a tool environment, each train trajectory's tool call starts when its
+        A group whose trajectories have all ended (and none aborted) is written and tagged
+        ``finished`` as soon as its last one ends, while the rest of the batch goes on: a
+        multi-turn batch hands its groups to the trainer as they finish, not at its slowest
+        tool call. With a tool environment, each train trajectory's tool call starts when its
         generation ends; its group stays ``running`` until the group's last call returns
         (the returned wall-clock deadline, per prompt key), and the caller finishes it then.
         """
         prompts = ray.get(self.tq.get.remote(partition, prompt_keys))
         prompt_tags = ray.get(self.tq.get_tags.remote(partition, prompt_keys))
         ray.get(self.tq.set_tags.remote(partition, {k: {"status": "running"} for k in prompt_keys}))
+        by_key = dict(zip(prompt_keys, prompts, strict=True))
+        with_tools = self.tool_latency is not None and partition == "train"
+        early: dict[str, list[Any]] = {}
+        """Groups written as soon as they finished: prompt key -> their trajectories."""
+        writes: list[Any] = []
         try:
             earlier = self._partials(partition, prompt_keys, prompt_tags, n)
             loop_of = {key: self.agent.loop_for(prompt) for key, prompt in zip(prompt_keys, prompts, strict=True)}
@@ -159,16 +167,65 @@ class RolloutWorker:
                         # a single turn continues its partial rollout; a tool loop starts afresh
                         prefix = list(old["response_ids"]) if old and loop_of[key] == "single_turn" else []
                         starts.setdefault(loop_of[key], []).append((f"{key}/{j}", ids, prefix))
+            expected = {k: sum(1 for b in starts.values() for s in b if s[0].rsplit("/", 1)[0] == k) for k in prompt_keys}
+            ended: dict[str, list[Any]] = {}
+
+            def on_done(trajectory: Any) -> None:  # called on this thread by the loops
+                key = trajectory.request_id.rsplit("/", 1)[0]
+                ended.setdefault(key, []).append(trajectory)
+                group = ended[key]
+                if with_tools or len(group) < expected[key] or any(t.stop_reason == "aborted" for t in group):
+                    return
+                records, tags = self._records(group, earlier, loop_of, by_key, False)
+                # submitted, not awaited: one caller's calls reach the queue actor in order
+                writes.append(self.tq.put.remote(partition, records, tags))
+                writes.append(self.tq.set_tags.remote(partition, {key: {"status": "finished", "partial": False}}))
+                early[key] = group
+
             sampling = SamplingParams(**params)
             stop = self.loop.stopping
             results = [
-                t for loop, batch in starts.items() for t in AGENT_LOOPS.get(loop)(self.turns, batch, sampling, self.agent, stop)
+                t
+                for loop, batch in starts.items()
+                for t in AGENT_LOOPS.get(loop)(self.turns, batch, sampling, self.agent, stop, on_done)
             ]
         except Exception:
-            ray.get(self.tq.set_tags.remote(partition, {k: {"status": "failure"} for k in prompt_keys}))
+            failed = {k: {"status": "failure"} for k in prompt_keys if k not in early}
+            ray.get([*writes, self.tq.set_tags.remote(partition, failed)])
             raise
-        by_key = dict(zip(prompt_keys, prompts, strict=True))
-        with_tools = self.tool_latency is not None and partition == "train"
+        rest = [r for r in results if r.request_id.rsplit("/", 1)[0] not in early]
+        records, tags = self._records(rest, earlier, loop_of, by_key, with_tools)
+        writes.append(self.tq.put.remote(partition, records, tags))
+        unfinished = sorted({k.rsplit("/", 1)[0] for k, t in tags.items() if t["status"] == "aborted"})
+        done = [k for k in prompt_keys if k not in unfinished and k not in early]
+
+        def group(key: str) -> list[dict[str, Any]]:  # this batch's trajectories, else the stored ones
+            return [records.get(f"{key}/{j}") or earlier[f"{key}/{j}"] for j in range(n)]
+
+        tool_deadlines = (
+            {k: max(float(r.get("tool_done_at", 0.0)) for r in group(k)) for k in done} if with_tools else {}
+        )
+        status = {k: {"status": "finished", "partial": False} for k in done if k not in tool_deadlines}
+        for key in unfinished:
+            oldest = min((v for r in group(key) for v in r["token_versions"]), default=None)
+            status[key] = {"status": "pending", "partial": True}
+            if oldest is not None:
+                status[key]["version"] = oldest
+        writes.append(self.tq.set_tags.remote(partition, status))
+        ray.get(writes)
+        written = [t.request_id for g in early.values() for t in g] + list(records)
+        return written, unfinished, tool_deadlines
+
+    def _records(
+        self,
+        results: list[Any],
+        earlier: dict[str, dict[str, Any]],
+        loop_of: dict[str, str],
+        by_key: dict[str, dict[str, Any]],
+        with_tools: bool,
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The queue records and tags of finished trajectories (R-5.6): a continued single turn
+        keeps its earlier tokens' log-probs and versions; a multi-turn one adds its mask and turns."""
         records, tags = {}, {}
         for result in results:
             key = result.request_id.rsplit("/", 1)[0]
@@ -190,9 +247,7 @@ class RolloutWorker:
             if with_tools and result.stop_reason != "aborted":
                 assert self.tool_latency is not None
                 latency = self.tool_latency(result.request_id)
-                records[result.request_id].update(
-                    tool_latency_seconds=latency, tool_done_at=time.time() + latency
-                )
+                records[result.request_id].update(tool_latency_seconds=latency, tool_done_at=time.time() + latency)
             tags[result.request_id] = {
                 "kind": "trajectory",
                 "status": result.stop_reason,
@@ -201,24 +256,7 @@ class RolloutWorker:
                 "response_len": len(result.response_ids),
                 "version": min(versions, default=self.engine.version),
             }
-        ray.get(self.tq.put.remote(partition, records, tags))
-        unfinished = sorted({k.rsplit("/", 1)[0] for k, t in tags.items() if t["status"] == "aborted"})
-        done = [k for k in prompt_keys if k not in unfinished]
-
-        def group(key: str) -> list[dict[str, Any]]:  # this batch's trajectories, else the stored ones
-            return [records.get(f"{key}/{j}") or earlier[f"{key}/{j}"] for j in range(n)]
-
-        tool_deadlines = (
-            {k: max(float(r.get("tool_done_at", 0.0)) for r in group(k)) for k in done} if with_tools else {}
-        )
-        status = {k: {"status": "finished", "partial": False} for k in done if k not in tool_deadlines}
-        for key in unfinished:
-            oldest = min((v for r in group(key) for v in r["token_versions"]), default=None)
-            status[key] = {"status": "pending", "partial": True}
-            if oldest is not None:
-                status[key]["version"] = oldest
-        ray.get(self.tq.set_tags.remote(partition, status))
-        return list(records), unfinished, tool_deadlines
+        return records, tags
 
     def _partials(
         self, partition: str, keys: list[str], tags: list[dict[str, Any]], n: int

@@ -1,4 +1,5 @@
-"""The async-vs-sync bench gives every mode the same work and reports ratios to sync."""
+"""The async-vs-sync bench gives every mode the same work on the real tool loop, with the same
+heavy-tailed tool latency, and reports ratios to sync (throughput and time to reward)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 
 import pytest
 
-from rl_train.bench.async_vs_sync import MODES, REPO, format_table, mode_overrides
+from rl_train.bench.async_vs_sync import MODES, REPO, first_reaching, format_table, mode_overrides
 from rl_train.bench.convergence import VARIANTS
 from rl_train.config import load_config
 
@@ -19,11 +20,12 @@ ARGS = argparse.Namespace(
     sigma=1.4,
     prefect=False,
     output_dir="/tmp/x",
+    batches_in_flight=2,
 )
 
 
 def test_each_mode_loads_with_the_same_work_and_the_same_tail() -> None:
-    configs = {m: load_config(REPO / "configs" / "arith-tiny.yaml", mode_overrides(m, ARGS)) for m in MODES}
+    configs = {m: load_config(REPO / "configs" / "tool-tiny.yaml", mode_overrides(m, ARGS)) for m in MODES}
     for mode, c in configs.items():
         assert c.trainer.mode == mode
         samples = c.trainer.total_steps * c.trainer.train_batch_size * c.rollout.n
@@ -32,10 +34,11 @@ def test_each_mode_loads_with_the_same_work_and_the_same_tail() -> None:
             c.trainer.train_batch_size // c.trainer.parameter_sync_step // c.actor.ppo_mini_batch_size
         )
         assert optimizer_steps == 4  # the same updates per global step
-        assert (
-            c.rollout.tool_env.name == "long_tail_sandbox"
-            and c.rollout.tool_env.latency_median_seconds == 0.1
-        )
+        # the real tool loop's calls wait the heavy-tailed delay; the old simulator stays off
+        assert c.rollout.agent.tool_latency_median_s == 0.1 and c.rollout.agent.tool_latency_sigma == 1.4
+        assert c.rollout.tool_env.name == "none"
+        assert c.data.builtin_task == "tool_sum"
+        assert c.rollout.agent.batches_in_flight == (1 if mode == "sync" else 2)
     assert configs["separate_async"].trainer.parameter_sync_step == 4
     assert configs["separate_async"].rollout.weight_sync.backend == "bucketed"
 
@@ -54,13 +57,21 @@ def test_table_reports_ratios_to_sync_from_the_same_run() -> None:
             "trainer_wait_s": 1.0,
             "reward_first": 0.1,
             "reward_last": 0.2,
+            "steps_to_target": {"sync": 12, "colocate_async": None, "separate_async": 10}[mode],
+            "seconds_to_target": {"sync": 60.0, "colocate_async": None, "separate_async": 24.0}[mode],
         }
 
     table = format_table([row("sync", 10.0), row("colocate_async", 15.0), row("separate_async", 27.5)])
     lines = table.splitlines()
-    assert "| sync | 10.0 | 10.0 | 1.00x |" in lines[2]
-    assert "| colocate_async | 10.0 | 15.0 | 1.50x |" in lines[3]
-    assert "| separate_async | 10.0 | 27.5 | 2.75x |" in lines[4]
+    assert "| sync | 10.0 | 10.0 | 1.00x |" in lines[2] and lines[2].endswith("| 60.0 (step 12) | 1.00x |")
+    assert "| colocate_async | 10.0 | 15.0 | 1.50x |" in lines[3] and lines[3].endswith("| not reached | - |")
+    assert "| separate_async | 10.0 | 27.5 | 2.75x |" in lines[4] and lines[4].endswith("| 24.0 (step 10) | 2.50x |")
+
+
+def test_time_to_reward_is_the_first_full_window_at_the_target() -> None:
+    # windows of 3: (0.8+0.9+0.9)/3 = 0.867 < 0.9 at step 3; (0.9+0.9+1.0)/3 = 0.933 at step 4
+    assert first_reaching([0.8, 0.9, 0.9, 1.0, 0.0], 0.9, 3) == 4
+    assert first_reaching([1.0, 1.0], 0.9, 3) is None  # no full window yet
 
 
 @pytest.mark.parametrize("variant", ["colocate_async", "separate_async"])
