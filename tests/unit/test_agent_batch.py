@@ -94,9 +94,14 @@ def test_a_slow_tool_holds_back_only_its_own_trajectory(tokenizer) -> None:
 
     engine = Releasing(tokenizer, {"a": [_calc("1+2"), "3"], "b": [CALL.format(name="test_slow", arguments="{}"), "ok"]})
     loop = ToolAgentLoop(engine, AgentLimits(max_response_tokens=400, tool_timeout_s=10))  # type: ignore[arg-type]
-    out = loop.run_batch([("a", [1]), ("b", [1])], SamplingParams())
+    reported: list[tuple[str, bool]] = []  # (trajectory, whether b's slow tool had answered yet)
+    out = loop.run_batch(
+        [("a", [1]), ("b", [1])], SamplingParams(), on_done=lambda t: reported.append((t.request_id, len(engine.batches) > 2))
+    )
     assert engine.batches == [["a", "b"], ["a"], ["b"]]
     assert [[c.error for c in t.tool_calls] for t in out] == [[False], [False]]
+    # a is handed on as soon as it ends, before b's third engine batch; each is reported once
+    assert reported == [("a", False), ("b", True)]
 
 
 def test_simulated_tool_latency_is_per_trajectory_and_turn_and_times_out(tokenizer) -> None:
