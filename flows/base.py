@@ -272,6 +272,15 @@ class BaseTrainer(ABC):
     def global_step_flow(self, step: int) -> dict[str, float]:
         return run_global_step(self, step, direct=False)
 
+    def next_step_may_start(self, step: int) -> bool:
+        """Whether step ``step + 1`` may begin generating as soon as step ``step``'s weights are
+        synced: not after the last step, and not when a validation or a checkpoint follows this
+        step (the replicas then validate first, and a checkpoint holds no generation in flight:
+        a resumed sync run stays bitwise equal to one never stopped)."""
+        if step >= self.config.trainer.total_steps or self._is_validation_step(step):
+            return False
+        return self.checkpointer is None or not self.checkpointer.due(step)
+
     def _is_validation_step(self, step: int) -> bool:
         every = self.config.trainer.val_every_steps
         return bool(every) and (step % every == 0 or step == self.config.trainer.total_steps)

@@ -2,6 +2,10 @@
 
 After sampling, rollout sleeps (its memory is free for training); at step end the new
 weights are pushed and rollout wakes. Staleness is always 0, so no eviction or IS is needed.
+The next step's first generation round starts right after the weight sync (the replay
+buffer's ``prefetch``), with the weights it will be trained against: the driver's own work
+between two steps (metrics, the step's flow run ending and the next one starting) overlaps
+it instead of leaving rollout idle.
 """
 
 from __future__ import annotations
@@ -25,4 +29,7 @@ class SyncTrainer(BaseTrainer):
         metrics = run(tasks.weight_sync, self.run_id, step)
         self.context.version = step
         self.pools.wake_rollouts()
+        prefetch = getattr(self.replay_buffer, "prefetch", None)  # a custom sampler may not have it
+        if prefetch is not None and self.next_step_may_start(step):
+            prefetch(self.config.trainer.train_batch_size // self.config.trainer.parameter_sync_step, step + 1)
         return {**metrics, **self.replay_buffer.pop_metrics()}

@@ -51,6 +51,17 @@ class ReplayBuffer(ReplayBufferBase):
         self._counts: Counter[str] = Counter()
         self._carry: list[str] = []
         """Resumed prompt groups, pending in the queue: the next draws take them first."""
+        self._prefetched: tuple[int, int, list[str], list[Any], list[str]] | None = None
+        """(step, groups, keys, replica calls, errors) of a first round started by ``prefetch``."""
+
+    def prefetch(self, num_groups: int, step: int) -> None:
+        """Start the first generation round of step ``step`` now and return at once; its
+        ``dispatch`` collects it. The trainer calls this right after a weight sync, so the
+        round samples with the weights it will be trained against (still on-policy) while the
+        driver finishes the step before (metrics, the step's flow run, the next one's start)."""
+        keys = self._put_prompts(num_groups, step)
+        pending, errors = self._submit_round(keys)
+        self._prefetched = (step, num_groups, keys, pending, errors)
 
     def dispatch(self, num_groups: int, step: int) -> list[str]:
         """Generate ``num_groups`` new prompt groups (blocking); with the DAPO filter, keep
@@ -79,11 +90,18 @@ class ReplayBuffer(ReplayBufferBase):
     def _generate(self, num_groups: int, step: int) -> list[str]:
         """Draw ``num_groups`` prompts and generate them; failed groups are retried or refilled
         until a round has no failure. Returns the finished groups (refills replace evictions)."""
-        keys = self._put_prompts(num_groups, step)
+        started, self._prefetched = self._prefetched, None
+        if started is not None and started[:2] == (step, num_groups):
+            keys, pending, errors = started[2], started[3], started[4]
+        else:
+            if started is not None:  # not what was prefetched: its groups finish and wait to be sampled
+                self._collect_round(started[2], started[3], started[4])
+            keys = self._put_prompts(num_groups, step)
+            pending, errors = self._submit_round(keys)
         done: list[str] = []
         failed_rounds = 0
         while True:
-            failed, errors = self._generate_round(keys)
+            failed, errors = self._collect_round(keys, pending, errors)
             failed_set = set(failed)
             done += [k for k in keys if k not in failed_set]
             if not failed:
@@ -93,6 +111,7 @@ class ReplayBuffer(ReplayBufferBase):
             if self.revive is not None:
                 self._counts["revived_replicas"] += len(self.revive())
             keys = self._recover(failed, step)
+            pending, errors = self._submit_round(keys)
 
     def _report_failures(
         self, failed_rounds: int, num_failed: int, num_groups: int, errors: list[str]
@@ -128,9 +147,8 @@ class ReplayBuffer(ReplayBufferBase):
             call(self.tq, "put", PARTITION, records, tags)
         return carried + list(records)
 
-    def _generate_round(self, keys: list[str]) -> tuple[list[str], list[str]]:
-        """Every replica generates its shard at once, then each is awaited on its own, so one
-        failing replica does not hide the others' results. Returns (groups not finished, errors)."""
+    def _submit_round(self, keys: list[str]) -> tuple[list[Any], list[str]]:
+        """Every replica starts generating its shard; (their calls, errors raised at once)."""
         shards = [keys[i :: len(self.rollouts)] for i in range(len(self.rollouts))]
         pending: list[Any] = []
         errors: list[str] = []
@@ -142,6 +160,12 @@ class ReplayBuffer(ReplayBufferBase):
                     )
                 except Exception as exc:
                     errors.append(describe_error(exc))
+        return pending, errors
+
+    def _collect_round(self, keys: list[str], pending: list[Any], errors: list[str]) -> tuple[list[str], list[str]]:
+        """Each replica's call is awaited on its own, so one failing replica does not hide the
+        others' results. Returns (groups not finished, errors)."""
+        errors = list(errors)
         for ref in pending:
             try:
                 wait_all([ref])

@@ -44,6 +44,8 @@ class TurnTakingEngine:
     def __init__(self, engine: Any) -> None:
         self._engine = engine
         self._turn = threading.Lock()
+        self._count = threading.Lock()
+        """Guards ``busy_seconds`` alone: reading it never waits for a generate call to end."""
         self.busy_seconds = 0.0
 
     def generate(self, requests: list[Any], params: SamplingParams) -> list[Any]:
@@ -52,10 +54,13 @@ class TurnTakingEngine:
             try:
                 return self._engine.generate(requests, params)
             finally:
-                self.busy_seconds += time.perf_counter() - started
+                with self._count:
+                    self.busy_seconds += time.perf_counter() - started
 
     def pop_busy_seconds(self) -> float:
-        with self._turn:
+        """Seconds of the generate calls that ended since the last call (one in flight counts
+        once it ends)."""
+        with self._count:
             busy, self.busy_seconds = self.busy_seconds, 0.0
         return busy
 

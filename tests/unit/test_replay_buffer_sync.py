@@ -89,3 +89,23 @@ def test_without_the_filter_every_group_is_kept() -> None:
     assert buffer.dispatch(2, step=1) == p[0:2]
     assert tq.get_batch(buffer.sample(2, step=1))["groups"] == p[0:2]
     assert set(buffer.pop_metrics().values()) == {0.0}
+
+
+def test_a_prefetched_round_is_what_the_next_dispatch_collects() -> None:
+    buffer, tq, replica, p = make(["mixed"] * 6)
+    buffer.prefetch(2, step=2)  # right after step 1's weight sync
+    assert replica.calls == [p[0:2]]  # started at once (a plain replica runs right away)
+    buffer.dispatch(2, step=2)
+    assert replica.calls == [p[0:2]]  # nothing generated twice
+    assert tq.get_batch(buffer.sample(2, step=2))["groups"] == [p[0], p[1]]
+    assert [t["step"] for t in tq.get_tags("train", [p[0], p[1]])] == [2, 2]  # drawn for step 2
+
+
+def test_a_prefetch_for_other_groups_is_kept_not_lost_or_repeated() -> None:
+    buffer, tq, replica, p = make(["mixed"] * 8)
+    buffer.prefetch(2, step=2)
+    buffer.dispatch(3, step=2)  # another size: the prefetched groups finish and wait their turn
+    assert replica.calls == [p[0:2], p[2:5]]
+    assert tq.get_batch(buffer.sample(3, step=2))["groups"] == [p[0], p[1], p[2]]  # oldest first
+    assert tq.query("train", kind="prompt", status="finished") == [p[0], p[1], p[2], p[3], p[4]]
+    assert buffer.loader.position == 5  # every prompt drawn once
