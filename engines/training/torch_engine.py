@@ -75,11 +75,17 @@ class TorchTrainingEngine:
         return {key: value.to(self.device) for key, value in micro_batch.items()}
 
     def _forward(self, micro_batch: Batch, with_entropy: bool) -> Batch:
-        """Log-probs (and entropy) of a micro-batch already on the engine's device."""
+        """Log-probs (and entropy) of a micro-batch already on the engine's device.
+
+        A right-padded batch (each row's real tokens first, as ``collate`` lays them out) needs
+        no attention mask: under the causal mask alone no real token sees a padding one, which
+        all come after it, so its outputs are the same (bitwise, measured) while attention
+        takes its fused causal kernel instead of a masked one."""
         mask = micro_batch["attention_mask"]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        right_padded = bool((mask[:, 1:] <= mask[:, :-1]).all()) if mask.shape[1] > 1 else True
         logits = self.model(
-            input_ids=micro_batch["input_ids"], attention_mask=mask, position_ids=positions
+            input_ids=micro_batch["input_ids"], attention_mask=None if right_padded else mask, position_ids=positions
         ).logits
         out = {"log_probs": token_log_probs(logits, micro_batch["input_ids"], self.temperature)}
         if with_entropy:

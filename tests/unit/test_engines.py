@@ -165,3 +165,35 @@ def test_a_sleeping_cpu_engine_keeps_its_weights_where_they_are(tiny_model_dir) 
     assert {name: p.data_ptr() for name, p in engine.model.named_parameters()} == where
     engine.wake_up()
     assert {name: p.data_ptr() for name, p in engine.model.named_parameters()} == where
+
+
+def test_a_right_padded_batch_gives_the_log_probs_of_its_explicit_mask(tiny_model_dir) -> None:
+    """The training engine drops the mask of a right-padded batch (causal attention alone hides
+    the padding that follows each row's tokens): the same log-probs, bit for bit, as the
+    model given the mask; a left-padded batch keeps its mask."""
+    from rl_train.engines.training.token_outputs import token_log_probs
+
+    engine = TorchTrainingEngine(tiny_model_dir, ActorConfig(), horizon_steps=1)
+    records = [
+        {"prompt_ids": [1, 5, 6], "response_ids": [7, 8, 9, 2]},
+        {"prompt_ids": [1, 5], "response_ids": [7]},
+        {"prompt_ids": [1, 6, 6, 6], "response_ids": [8, 2]},
+    ]
+    batch = collate(records, engine.tokenizer.pad_token_id)
+    assert not bool(batch["attention_mask"].all())  # some rows are padded
+    mask = batch["attention_mask"]
+    with torch.no_grad():
+        explicit = engine.model(
+            input_ids=batch["input_ids"], attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)
+        ).logits
+    expected = token_log_probs(explicit, batch["input_ids"], 1.0)
+    got = engine.compute_log_probs(batch)["log_probs"]
+    real = batch["response_mask"].bool()
+    assert torch.equal(got[real], expected[real])
+    left = {k: v.flip(-1) for k, v in batch.items()}  # padding first: the mask must stay
+    with torch.no_grad():
+        masked = engine.model(
+            input_ids=left["input_ids"], attention_mask=left["attention_mask"],
+            position_ids=(left["attention_mask"].cumsum(-1) - 1).clamp(min=0),
+        ).logits  # fmt: skip
+    assert torch.equal(engine.compute_log_probs(left)["log_probs"], token_log_probs(masked, left["input_ids"], 1.0))
