@@ -17,3 +17,18 @@ def test_step_sub_flows_and_phase_tasks_never_persist_results() -> None:
         assert BaseTrainer.global_step_flow.persist_result is False
         assert phase_task(lambda: None).persist_result is False
         assert retrying_phase_task(lambda: None).persist_result is False
+
+
+def test_step_settings_turn_the_heartbeat_off_and_are_built_once() -> None:
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+
+    from rl_train.flows.step import step_settings
+
+    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
+        seen = []
+        for _ in range(2):
+            with step_settings():
+                assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None
+                seen.append(get_current_settings())
+        assert seen[0] is seen[1]  # derived once, entered each step
+        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == 30  # the run's own settings are untouched
