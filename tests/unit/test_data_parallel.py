@@ -84,7 +84,8 @@ def _fsdp_rank_main(rank: int, world: int, port: int, model_dir: str, shards: li
     cfg = ActorConfig(loss_agg_mode="seq-mean-token-mean", micro_batch_size=3, lr=1e-3, fsdp=True)
     engine = TorchTrainingEngine(model_dir, cfg, 10)
     batch, loss_fn = collate(shards[rank], 0, FIELDS), build_actor_loss_fn(cfg)
-    losses = [engine.train_batch(batch, loss_fn)["actor/loss"] for _ in range(2)]
+    steps = [engine.train_batch(batch, loss_fn) for _ in range(2)]
+    losses, norms = [m["actor/loss"] for m in steps], [m["actor/grad_norm"] for m in steps]
     weights = {name: tensor.clone() for name, tensor in engine.export_weights()}
     saved = copy.deepcopy(engine.state_dict())
     again = TorchTrainingEngine(model_dir, cfg, 10)
@@ -97,7 +98,7 @@ def _fsdp_rank_main(rank: int, world: int, port: int, model_dir: str, shards: li
     final = {name: tensor.clone() for name, tensor in engine.export_weights()}
     engine.save_pretrained(Path(out).with_name("policy"))
     if rank == 0:
-        torch.save({"losses": losses, "weights": weights, "resumed": resumed, "final": final}, out)
+        torch.save({"losses": losses, "norms": norms, "weights": weights, "resumed": resumed, "final": final}, out)
     dist.destroy_process_group()
 
 
@@ -116,10 +117,20 @@ def test_two_fsdp_ranks_make_the_one_rank_updates_and_checkpoint_their_shards(
     cfg = ActorConfig(loss_agg_mode="seq-mean-token-mean", lr=1e-3)
     single = TorchTrainingEngine(tiny_model_dir, cfg, 10)
     batch, loss_fn = collate(records, 0, FIELDS), build_actor_loss_fn(cfg)
-    losses = [single.train_batch(batch, loss_fn)["actor/loss"] for _ in range(2)]
-    assert two["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    steps = [single.train_batch(batch, loss_fn) for _ in range(2)]
+    assert two["losses"] == pytest.approx([m["actor/loss"] for m in steps], rel=1e-5, abs=1e-6)
+    # the gradient's scale shows in its norm (Adam's update all but hides it)
+    assert two["norms"] == pytest.approx([m["actor/grad_norm"] for m in steps], rel=1e-4)
+    # Adam's first steps move each weight by about lr = 1e-3 whatever its gradient's size, so the
+    # few weights whose gradient is near Adam's eps turn summation-order noise into up to ~4e-5
+    # of movement (2 of ~100k here): all but 1 in 10,000 within 1e-5, none beyond 10% of lr,
+    # still tells a missed, doubled or mis-scheduled step from the one-rank update
+    off, total = 0, 0
     for name, tensor in single.export_weights():
-        torch.testing.assert_close(two["weights"][name], tensor, atol=1e-5, rtol=0)
+        torch.testing.assert_close(two["weights"][name], tensor, atol=1e-4, rtol=0)
+        off += int(((two["weights"][name] - tensor).abs() > 1e-5).sum())
+        total += tensor.numel()
+    assert off <= total // 10_000
     assert two["resumed"]
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "policy").state_dict()
     assert all(torch.equal(saved[name], tensor) for name, tensor in two["final"].items())
