@@ -49,3 +49,28 @@ def test_separate_async_defaults_apply_only_where_the_user_set_nothing() -> None
     )
     sync = load_config(None, [])
     assert sync.trainer.parameter_sync_step == 1 and sync.replay.max_off_policy_threshold == 8
+
+
+@pytest.mark.parametrize(
+    ("overrides", "bypass"),
+    [
+        ([], True),  # the built-in torch engines, float32 on the CPU, whole-distribution sampling
+        (["actor.dtype=bfloat16"], False),
+        (["rollout.top_p=0.9"], False),
+        (["rollout.engine=sglang"], False),
+        (["actor.engine=megatron"], False),
+        (["rollout.device=cuda"], False),
+        (["algorithm.rollout_correction.rollout_is=token"], False),  # the user's own correction
+        (["algorithm.rollout_correction.bypass_mode=false"], False),
+        (["trainer.mode=colocate_async"], False),  # stale samples are corrected instead (token_is)
+    ],
+)
+def test_sync_reuses_the_rollout_log_probs_only_where_they_are_the_trainers(
+    overrides: list[str], bypass: bool
+) -> None:
+    """R-7.1: old_log_prob is recomputed unless the two engines give the same numbers."""
+    config = load_config(None, overrides)
+    assert config.algorithm.rollout_correction.bypass_mode is bypass
+    demo = load_config("configs/arith-tiny.yaml", [])
+    assert demo.algorithm.rollout_correction.bypass_mode
+    assert not load_config("configs/arith-tiny.yaml", ["trainer.mode=colocate_async"]).algorithm.rollout_correction.bypass_mode
