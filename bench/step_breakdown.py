@@ -67,7 +67,7 @@ PRESETS = {
     # Bigger batches and longer answers: a step of several seconds, where a fixed per-step
     # orchestration cost should vanish in the noise.
     "heavy": [
-        "trainer.train_batch_size=128",
+        "trainer.train_batch_size=192",
         "rollout.n=16",
         "rollout.max_new_tokens=8",
         "data.builtin_task=multi_digit_sum",
