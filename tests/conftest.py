@@ -11,8 +11,22 @@ import pytest
 
 from rl_train.runtime import apply_local_defaults
 
+# The temporary Prefect API servers the tests start keep their SQLite database under
+# PREFECT_HOME: a directory of this session's own, not the developer's ~/.prefect (the suite
+# would add hundreds of runs to it, and a database migrated by another venv's newer Prefect
+# stops an older one from starting). Set PREFECT_HOME to choose another.
+_PREFECT_HOME = None if "PREFECT_HOME" in os.environ else tempfile.mkdtemp(prefix="rlt-prefect-home-")
+if _PREFECT_HOME is not None:
+    os.environ["PREFECT_HOME"] = _PREFECT_HOME
 apply_local_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _PREFECT_HOME is not None:
+        import shutil
+
+        shutil.rmtree(_PREFECT_HOME, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
