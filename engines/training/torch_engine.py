@@ -64,12 +64,14 @@ class TorchTrainingEngine:
         if self.sharded:
             shard_model(self.model)
         optimizers_without_compiler()
-        # foreach: one multi-tensor op per Adam update term instead of one op per parameter and
-        # term (torch picks it on CUDA by itself; on the CPU the step of a small model is
-        # otherwise hundreds of tiny ops). Same arithmetic, the same weights bit for bit.
+        # foreach: one multi-tensor op per Adam update term, gradient scale and clip instead of
+        # one op per parameter (torch picks it on CUDA by itself; on the CPU the step of a small
+        # model is otherwise hundreds of tiny ops). Same arithmetic, the same weights bit for
+        # bit. Sharded (DTensor) parameters keep torch's own choice.
+        self._foreach = None if self.sharded else True
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
-            foreach=None if self.sharded else True,
+            foreach=self._foreach,
         )  # fmt: skip
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, horizon_steps))
         self._pi_old = WeightSnapshots()
@@ -175,11 +177,11 @@ class TorchTrainingEngine:
         # fully_shard averaged the gradients over the ranks: scale them back to their sum first
         scale = (dist.get_world_size() if self.sharded else 1) / denominator
         grads = [param.grad for param in self.model.parameters() if param.grad is not None]
-        if self.sharded:
+        if self._foreach and grads:
+            torch._foreach_mul_(grads, scale)
+        else:
             for grad in grads:
                 grad.mul_(scale)
-        elif grads:
-            torch._foreach_mul_(grads, scale)
         out: dict[str, object] = {
             key: value / max(float(batch["response_mask"].sum()), 1.0) for key, value in weighted.items()
         }
@@ -210,7 +212,7 @@ class TorchTrainingEngine:
         """Clip and step; a NaN/inf grad norm skips the step (the weights stay finite) and is
         reported as ``actor/nonfinite_steps`` = 1, so the worker can stop a run that keeps doing it."""
         grad_norm = full(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=None if self.sharded else True)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=self._foreach)
         )
         lr = self.optimizer.param_groups[0]["lr"]
         finite = bool(torch.isfinite(grad_norm))
