@@ -152,7 +152,7 @@ def response_log_probs(model: Any, rollout: Rollout, temperature: float, with_en
 
 def lr_factor(step: int, warmup: int, schedule: str, total: int, min_ratio: float) -> float:
     """Linear warm-up over ``warmup`` steps, then constant or cosine down to ``min_ratio`` at ``total``
-    (step is 1-based)."""
+    and ``min_ratio`` after it (step is 1-based)."""
     if warmup and step <= warmup:
         return step / warmup
     if schedule == "constant":
@@ -234,7 +234,7 @@ def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
             log_probs = response_log_probs(model, rollout, args.temperature)
         loss = grpo_loss(log_probs, advantages, mask, args.loss_agg, ref_log_probs, args.kl_coef, entropy, args.entropy_coef)
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * lr_factor(step, args.warmup, args.lr_schedule, args.steps, args.min_lr_ratio)
+            group["lr"] = args.lr * lr_factor(step, args.warmup, args.lr_schedule, args.decay_steps or args.steps, args.min_lr_ratio)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip))
@@ -250,7 +250,7 @@ def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "n": args.n, "lr": args.lr,
         "loss_agg": args.loss_agg, "kl_coef": args.kl_coef, "warmup": args.warmup,
-        "lr_schedule": args.lr_schedule, "min_lr_ratio": args.min_lr_ratio, "entropy_coef": args.entropy_coef, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+        "lr_schedule": args.lr_schedule, "decay_steps": args.decay_steps or args.steps, "min_lr_ratio": args.min_lr_ratio, "entropy_coef": args.entropy_coef, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
         "model_impl": "native",
         "first_step_s": step_done_at[0] if step_done_at else None,
         "target": TARGET, "window": WINDOW,
@@ -292,7 +292,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kl-coef", type=float, default=0.02, help="k3 KL to the starting policy (0: none)")
     parser.add_argument("--warmup", type=int, default=5, help="linear lr warm-up steps")
     parser.add_argument("--lr-schedule", choices=("constant", "cosine"), default="cosine", help="after warm-up")
-    parser.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine: the lr at --steps, over the peak")
+    parser.add_argument("--decay-steps", type=int, default=None, help="cosine: the steps it decays over (default: --steps); the lr stays at --min-lr-ratio after")
+    parser.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine: the lr at the decay's end, over the peak")
     parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus (0: none)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--grad-clip", type=float, default=1.0)

@@ -35,6 +35,8 @@ class ActorConfig(PolicyLossConfig):
     """Linear warm-up, in optimizer steps."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Floor of the decayed LR as a fraction of the peak."""
+    lr_decay_ratio: float = Field(1.0, gt=0, le=1)
+    """The decay ends at this fraction of the schedule's horizon; the LR then stays at min_lr_ratio x lr."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global grad norm to this value."""
     max_nonfinite_steps_in_row: int = Field(3, ge=1)

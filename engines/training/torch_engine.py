@@ -32,7 +32,7 @@ def lr_lambda(cfg: ActorConfig, horizon_steps: int):
             return (step + 1) / cfg.lr_warmup_steps
         if cfg.lr_schedule == "constant":
             return 1.0
-        span = max(horizon_steps - cfg.lr_warmup_steps, 1)
+        span = max(round(horizon_steps * cfg.lr_decay_ratio) - cfg.lr_warmup_steps, 1)
         progress = min(max(step - cfg.lr_warmup_steps, 0) / span, 1.0)
         decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1 - progress
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay

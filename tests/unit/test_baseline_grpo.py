@@ -94,6 +94,7 @@ def test_the_schedule_warms_up_then_decays_to_its_floor() -> None:
     # cosine after 2 warm-up steps over steps 2..10: halfway (step 6) the factor is 0.1 + 0.9 * 0.5
     assert lr_factor(6, 2, "cosine", 10, 0.1) == pytest.approx(0.55)
     assert lr_factor(10, 2, "cosine", 10, 0.1) == pytest.approx(0.1)
+    assert lr_factor(25, 2, "cosine", 10, 0.1) == pytest.approx(0.1)  # past the decay: the floor
 
 
 def test_the_entropy_bonus_lowers_the_loss_by_its_coefficient_times_the_mean_entropy() -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from rl_train.config import Config, ConfigError, describe_fields, load_config
+from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.torch_engine import lr_lambda
 from rl_train.flows.registry import TRAINERS, load_builtin_trainers, register_trainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +80,19 @@ def test_lr_horizon_counts_local_updates() -> None:
         {"trainer": {"total_steps": 10, "parameter_sync_step": 4, "train_batch_size": 8}}
     )
     assert cfg.optimizer_horizon_steps == 40
+
+
+def test_the_lr_decay_ends_at_its_ratio_of_the_horizon_and_stays_at_the_floor() -> None:
+    cfg = ActorConfig(lr_schedule="cosine", lr_warmup_steps=2, min_lr_ratio=0.1, lr_decay_ratio=0.5)
+    factor = lr_lambda(cfg, horizon_steps=20)  # warm-up over steps 0-1, decay over 2..10, then the floor
+    assert [factor(0), factor(1)] == [0.5, 1.0]
+    assert factor(2) == pytest.approx(1.0)
+    assert factor(6) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the decay
+    assert [factor(10), factor(15), factor(19)] == pytest.approx([0.1, 0.1, 0.1])
+    whole = lr_lambda(cfg.model_copy(update={"lr_decay_ratio": 1.0}), horizon_steps=20)
+    assert whole(11) == pytest.approx(0.1 + 0.9 * 0.5)  # the default: the decay spans the horizon
+    with pytest.raises(ValueError, match="lr_decay_ratio"):
+        ActorConfig(lr_decay_ratio=0.0)
 
 
 def test_trainer_registry_rejects_a_second_class_under_one_name() -> None:
