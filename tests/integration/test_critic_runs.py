@@ -16,9 +16,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterParentFlowRunId,
-    TaskRunFilter,
-    TaskRunFilterFlowRunId,
 )
+from prefect_reads import recorded_task_names
 
 from rl_train.config import Config
 from rl_train.flows.train import run_training, train_flow
@@ -74,10 +73,7 @@ def test_gae_through_prefect_runs_the_critic_phases_as_tasks(
         steps = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent]))
         )
-        tasks = client.read_task_runs(
-            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[steps[0].id]))
-        )
-        names = {t.name.rsplit("-", 1)[0] for t in tasks}
+        names = recorded_task_names(client, steps[0].id, CRITIC_PHASES)
         assert set(CRITIC_PHASES) <= names, names
 
 

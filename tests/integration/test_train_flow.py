@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+from prefect_reads import recorded_task_names
 
 from rl_train.config import Config
 from rl_train.flows.train import train_flow
@@ -47,12 +48,7 @@ def test_three_global_steps_through_prefect_and_ray(
         )
         assert sorted(r.name for r in steps) == ["it/step-1", "it/step-2", "it/step-3"]  # <run.name>/step-N
         assert all(r.state.is_completed() for r in steps)
-        from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterFlowRunId
-
-        tasks = client.read_task_runs(
-            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[steps[0].id]))
-        )
-        names = {t.name.rsplit("-", 1)[0] for t in tasks}
+        names = recorded_task_names(client, steps[0].id, PHASES)
         assert set(PHASES) <= names, names
 
 
