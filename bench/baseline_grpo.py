@@ -208,6 +208,7 @@ def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     log = sys.stderr if args.json else sys.stdout
+    decay_steps = args.decay_steps or args.steps
     rewards_per_step: list[float] = []
     step_done_at: list[float] = []
     cpu_done_at: list[float] = []  # this process's CPU seconds: steadier than wall time on a busy machine
@@ -234,7 +235,7 @@ def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
             log_probs = response_log_probs(model, rollout, args.temperature)
         loss = grpo_loss(log_probs, advantages, mask, args.loss_agg, ref_log_probs, args.kl_coef, entropy, args.entropy_coef)
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * lr_factor(step, args.warmup, args.lr_schedule, args.decay_steps or args.steps, args.min_lr_ratio)
+            group["lr"] = args.lr * lr_factor(step, args.warmup, args.lr_schedule, decay_steps, args.min_lr_ratio)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip))
@@ -250,7 +251,7 @@ def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "n": args.n, "lr": args.lr,
         "loss_agg": args.loss_agg, "kl_coef": args.kl_coef, "warmup": args.warmup,
-        "lr_schedule": args.lr_schedule, "decay_steps": args.decay_steps or args.steps, "min_lr_ratio": args.min_lr_ratio, "entropy_coef": args.entropy_coef, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+        "lr_schedule": args.lr_schedule, "decay_steps": decay_steps, "min_lr_ratio": args.min_lr_ratio, "entropy_coef": args.entropy_coef, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
         "model_impl": "native",
         "first_step_s": step_done_at[0] if step_done_at else None,
         "target": TARGET, "window": WINDOW,
@@ -301,7 +302,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="policy directory (default: the config's model.path)")
     parser.add_argument("--data-dir", default=None, help="task data directory (default: the config's data.data_dir)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line (steps to stderr)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.decay_steps is not None and args.decay_steps < 1:
+        parser.error(f"--decay-steps: got {args.decay_steps}; it must be 1 or more (or left out: --steps)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,6 +97,13 @@ def test_the_schedule_warms_up_then_decays_to_its_floor() -> None:
     assert lr_factor(25, 2, "cosine", 10, 0.1) == pytest.approx(0.1)  # past the decay: the floor
 
 
+def test_decay_steps_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_args(["--decay-steps", "900"]).decay_steps == 900
+    with pytest.raises(SystemExit):
+        parse_args(["--decay-steps", "0"])
+    assert "--decay-steps: got 0" in capsys.readouterr().err
+
+
 def test_the_entropy_bonus_lowers_the_loss_by_its_coefficient_times_the_mean_entropy() -> None:
     log_probs, mask = torch.full((2, 3), -1.0), torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     advantages, entropy = torch.tensor([1.0, -1.0]), torch.full((2, 3), 2.0)
