@@ -84,9 +84,14 @@ def ray_local():
     os.environ["RL_TRAIN_RAY_TMPDIR"] = temp_dir
     os.environ.setdefault("RAY_worker_niceness", "0")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, logging_level="WARNING")
+        from rl_train.engines.workers.ray_start import ensure_ray
+
+        ensure_ray(None, 2)  # as a run starts its local Ray (the lean head)
     yield ray
+    from rl_train.engines.workers.local_ray_head import stop_local_heads
+
     ray.shutdown()
+    stop_local_heads()
 
 
 @pytest.fixture(scope="session")

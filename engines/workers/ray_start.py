@@ -8,6 +8,13 @@ from typing import Any
 
 import ray
 
+from rl_train.engines.workers.local_ray_head import start_local_head
+
+LEAN_HEAD = os.environ.get("RL_TRAIN_RAY_LEAN_HEAD", "1") not in ("0", "false", "no")
+"""A local Ray starts as ``local_ray_head.start_local_head`` does (without the dashboard's API
+server and the autoscaler's monitor); ``RL_TRAIN_RAY_LEAN_HEAD=0`` starts it as a plain
+``ray.init()`` does (the start-up bench measures one against the other)."""
+
 
 def ensure_ray(address: str | None, num_cpus: int | None) -> None:
     """Start a local Ray (or join ``address``) once per process. Never attaches to "auto"."""
@@ -23,7 +30,12 @@ def ensure_ray(address: str | None, num_cpus: int | None) -> None:
             raise ValueError("ray.address 'auto' could attach to a foreign cluster; give an explicit address")
         ray.init(address=address, **kwargs)
         return
-    temp_dir = os.environ.get("RL_TRAIN_RAY_TMPDIR")
+    temp_dir = os.environ.get("RL_TRAIN_RAY_TMPDIR") or None
+    cpus = num_cpus or os.cpu_count() or 1
+    head = start_local_head(cpus, temp_dir) if LEAN_HEAD else None
+    if head is not None:
+        ray.init(address=head.address, **kwargs)
+        return
     if temp_dir:
         kwargs["_temp_dir"] = temp_dir
-    ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
+    ray.init(num_cpus=cpus, **kwargs)

@@ -1,0 +1,129 @@
+"""The lean local Ray head (engines/workers/local_ray_head.py): a run's local Ray starts without
+the dashboard's API server and the autoscaler's monitor, serves actors as ``ray.init()``'s does,
+and leaves none of its processes behind, whether the driver exits or is killed.
+
+Each case starts its own Ray in a child process (the session's Ray stays untouched) and reads
+the child's process tree from /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+CHILD = r"""
+import json, os, sys
+from pathlib import Path
+from rl_train.engines.workers.ray_start import ensure_ray
+import ray
+
+ensure_ray(None, 1)
+
+@ray.remote(num_cpus=0)
+class Echo:
+    def pid(self) -> int:
+        return os.getpid()
+
+echo = Echo.remote()
+actor_pid = ray.get(echo.pid.remote())
+
+def tree(pid):
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            kids.append(int(child))
+    return kids + [g for k in kids for g in tree(k)]
+
+def cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+pids = sorted(set(tree(os.getpid())) | {actor_pid})
+print(json.dumps({"actor": actor_pid, "processes": {p: cmdline(p) for p in pids}}), flush=True)
+if sys.argv[1] == "wait":
+    sys.stdin.read()  # until the test kills this process
+"""
+
+GONE_SECONDS = 20.0
+"""How long the node's processes may take to exit after the driver (Ray's reaper polls)."""
+
+
+@pytest.fixture
+def ray_tmp() -> Iterator[Path]:
+    """A short temp dir: Ray's socket paths under it must fit AF_UNIX's 107 bytes."""
+    with tempfile.TemporaryDirectory(prefix="rlt-head-", dir="/tmp") as path:
+        yield Path(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _start_child(tmp_path: Path, how: str) -> tuple[subprocess.Popen[str], dict]:
+    env = {**os.environ, "RL_TRAIN_RAY_TMPDIR": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
+    env.setdefault("RL_TRAIN_RAY_LEAN_HEAD", "1")
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, how], env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if not line:
+        child.wait(timeout=60)
+        pytest.fail(f"the child printed nothing:\n{child.stderr.read() if child.stderr else ''}")
+    return child, json.loads(line)
+
+
+def _wait_gone(pids: list[int]) -> list[int]:
+    deadline = time.monotonic() + GONE_SECONDS
+    while time.monotonic() < deadline:
+        left = [pid for pid in pids if _alive(pid)]
+        if not left:
+            return []
+        time.sleep(0.2)
+    return [pid for pid in pids if _alive(pid)]
+
+
+def _node_processes(report: dict) -> dict[int, str]:
+    return {int(pid): cmd for pid, cmd in report["processes"].items()}
+
+
+def test_a_local_head_runs_actors_without_the_dashboard_or_the_autoscaler(ray_tmp: Path) -> None:
+    child, report = _start_child(ray_tmp, "exit")
+    try:
+        commands = " | ".join(_node_processes(report).values())
+        assert "gcs_server" in commands and "raylet" in commands
+        assert "log_monitor.py" in commands  # the actors' output still reaches the driver
+        assert "dashboard/dashboard.py" not in commands
+        assert "autoscaler/_private/monitor.py" not in commands
+    finally:
+        child.communicate(timeout=60)
+    assert child.returncode == 0
+    assert _wait_gone(list(_node_processes(report))) == []
+
+
+def test_a_killed_driver_leaves_no_ray_process_behind(ray_tmp: Path) -> None:
+    child, report = _start_child(ray_tmp, "wait")
+    pids = list(_node_processes(report))
+    assert report["actor"] in pids and all(_alive(pid) for pid in pids)
+    os.kill(child.pid, signal.SIGKILL)  # no exit hook runs: Ray's reaper must stop the node
+    child.communicate(timeout=30)
+    left = _wait_gone(pids)
+    assert left == [], {pid: _node_processes(report)[pid] for pid in left}
