@@ -103,7 +103,7 @@ class BaseTrainer(ABC):
         store = checkpoint_store(self.config, self.run_dir)
         if start.kind != "resume":  # claimed now; a resume claims its files once it has loaded
             self._open_run_files(start, store)
-        ensure_ray(self.config.ray.address, self.config.ray.num_cpus)
+        ensure_ray(self.config.ray.address, self.config.ray.num_cpus, self.config.num_actors)
         pools = WorkerPools.create(self.run_id, self.config, self.worker_classes)
         startup_clock.mark("workers")
         try:

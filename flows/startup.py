@@ -50,8 +50,11 @@ def needs_temporary_prefect_api(use_prefect: bool) -> bool:
     return os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "true").lower() not in ("0", "false", "no")
 
 
-def warm_start(ray_address: str | None, ray_num_cpus: int | None, use_prefect: bool) -> StartupTimes:
-    """Bring up Ray, Prefect's API (if this run starts one) and the heavy imports together."""
+def warm_start(
+    ray_address: str | None, ray_num_cpus: int | None, use_prefect: bool, num_actors: int = 0
+) -> StartupTimes:
+    """Bring up Ray, Prefect's API (if this run starts one) and the heavy imports together
+    (``num_actors``: what ``ensure_ray`` is told of the run's actors)."""
     started = time.perf_counter()
     times = StartupTimes()
     errors: list[BaseException] = []
@@ -81,7 +84,7 @@ def warm_start(ray_address: str | None, ray_num_cpus: int | None, use_prefect: b
     from rl_train.engines.workers.ray_start import ensure_ray
 
     try:
-        ensure_ray(ray_address, ray_num_cpus)
+        ensure_ray(ray_address, ray_num_cpus, num_actors)
         times.ray = time.perf_counter() - started
         startup_clock.mark("ray")
     finally:

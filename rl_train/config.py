@@ -220,6 +220,13 @@ class Config(StrictModel):
         return self
 
     @property
+    def num_actors(self) -> int:
+        """The actors a run creates at its start: the queue, the training ranks, the rollout
+        replicas, the reward workers and the critic's ranks (``WorkerPools.create``)."""
+        critics = self.critic.num_ranks if self.critic.enable else 0
+        return 1 + self.actor.num_ranks + self.rollout.num_replicas + self.reward.num_workers + critics
+
+    @property
     def optimizer_horizon_steps(self) -> int:
         """LR schedule horizon in optimizer steps (R-2.3)."""
         per_update = (

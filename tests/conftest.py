@@ -86,7 +86,7 @@ def ray_local():
     if not ray.is_initialized():
         from rl_train.engines.workers.ray_start import ensure_ray
 
-        ensure_ray(None, 2)  # as a run starts its local Ray (the lean head)
+        ensure_ray(None, 2, num_actors=6)  # as a run starts its local Ray (the lean head)
     yield ray
     from rl_train.engines.workers.local_ray_head import stop_local_heads
 

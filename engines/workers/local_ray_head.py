@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,9 +58,15 @@ def _lean_node_class() -> type | None:
     return LeanHeadNode
 
 
-def start_local_head(num_cpus: int, temp_dir: str | None = None, log_monitor: bool = True) -> Any | None:
+def start_local_head(
+    num_cpus: int, temp_dir: str | None = None, log_monitor: bool = True, startup_concurrency: int | None = None
+) -> Any | None:
     """Start a local head node of ``num_cpus`` CPUs; returns it (its ``address`` is what
-    ``ray.init`` joins), or None where this Ray has no such private API."""
+    ``ray.init`` joins), or None where this Ray has no such private API.
+
+    ``startup_concurrency``: how many worker processes the raylet starts at once (Ray's
+    ``worker_maximum_startup_concurrency``; its default is ``num_cpus``). An explicit
+    ``RAY_worker_maximum_startup_concurrency`` in the environment wins."""
     node_class = _lean_node_class()
     if node_class is None:
         return None
@@ -72,6 +79,7 @@ def start_local_head(num_cpus: int, temp_dir: str | None = None, log_monitor: bo
             no_monitor=True,
             include_log_monitor=log_monitor,
             temp_dir=temp_dir,
+            _system_config=_system_config(startup_concurrency),
         )
     except (ImportError, TypeError) as exc:  # a Ray whose private parameters moved
         logger.warning("starting Ray the usual way (no lean local head on this Ray: %s)", exc)
@@ -90,6 +98,12 @@ def start_local_head(num_cpus: int, temp_dir: str | None = None, log_monitor: bo
 
 _HEADS: list[Any] = []
 _WATCHDOGS: list[subprocess.Popen[bytes]] = []
+
+
+def _system_config(startup_concurrency: int | None) -> dict[str, Any]:
+    if startup_concurrency is None or "RAY_worker_maximum_startup_concurrency" in os.environ:
+        return {}
+    return {"worker_maximum_startup_concurrency": startup_concurrency}
 
 
 def stop_local_head(node: Any) -> None:

@@ -16,8 +16,13 @@ server and the autoscaler's monitor); ``RL_TRAIN_RAY_LEAN_HEAD=0`` starts it as 
 ``ray.init()`` does (the start-up bench measures one against the other)."""
 
 
-def ensure_ray(address: str | None, num_cpus: int | None) -> None:
-    """Start a local Ray (or join ``address``) once per process. Never attaches to "auto"."""
+def ensure_ray(address: str | None, num_cpus: int | None, num_actors: int = 0) -> None:
+    """Start a local Ray (or join ``address``) once per process. Never attaches to "auto".
+
+    ``num_actors``: how many actors the run creates at its start. A local Ray starts that many
+    worker processes at once rather than one per CPU (Ray's default): the run's actors reserve
+    no CPU and spend their start importing, so on two cores the rollout replica no longer waits
+    for the trainer's and the queue's processes to come up before its own starts."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -32,7 +37,7 @@ def ensure_ray(address: str | None, num_cpus: int | None) -> None:
         return
     temp_dir = os.environ.get("RL_TRAIN_RAY_TMPDIR") or None
     cpus = num_cpus or os.cpu_count() or 1
-    head = start_local_head(cpus, temp_dir) if LEAN_HEAD else None
+    head = start_local_head(cpus, temp_dir, startup_concurrency=max(cpus, num_actors)) if LEAN_HEAD else None
     if head is not None:
         ray.init(address=head.address, **kwargs)
         return

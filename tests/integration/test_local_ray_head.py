@@ -1,6 +1,7 @@
 """The lean local Ray head (engines/workers/local_ray_head.py): a run's local Ray starts without
-the dashboard's API server and the autoscaler's monitor, serves actors as ``ray.init()``'s does,
-and leaves none of its processes behind, whether the driver exits or is killed.
+the dashboard's API server and the autoscaler's monitor, starts a worker process per actor at
+once, serves actors as ``ray.init()``'s does, and leaves none of its processes behind, whether
+the driver exits or is killed.
 
 Each case starts its own Ray in a child process (the session's Ray stays untouched) and reads
 the child's process tree from /proc.
@@ -8,6 +9,7 @@ the child's process tree from /proc.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -28,7 +30,7 @@ from pathlib import Path
 from rl_train.engines.workers.ray_start import ensure_ray
 import ray
 
-ensure_ray(None, 1)
+ensure_ray(None, 1, num_actors=5)
 
 @ray.remote(num_cpus=0)
 class Echo:
@@ -105,11 +107,19 @@ def _node_processes(report: dict) -> dict[int, str]:
     return {int(pid): cmd for pid, cmd in report["processes"].items()}
 
 
+def _gcs_system_config(commands: list[str]) -> dict:
+    gcs = next(cmd for cmd in commands if "gcs_server" in cmd.split(" ", 1)[0])
+    encoded = next(arg for arg in gcs.split() if arg.startswith("--config_list="))
+    return json.loads(base64.b64decode(encoded.partition("=")[2]))
+
+
 def test_a_local_head_runs_actors_without_the_dashboard_or_the_autoscaler(ray_tmp: Path) -> None:
     child, report = _start_child(ray_tmp, "exit")
     try:
         commands = " | ".join(_node_processes(report).values())
         assert "gcs_server" in commands and "raylet" in commands
+        # one worker process started at once per actor of the run (5), not per CPU (1)
+        assert _gcs_system_config(list(_node_processes(report).values()))["worker_maximum_startup_concurrency"] == 5
         assert "log_monitor.py" in commands  # the actors' output still reaches the driver
         assert "dashboard/dashboard.py" not in commands
         assert "autoscaler/_private/monitor.py" not in commands

@@ -95,6 +95,16 @@ def test_the_lr_decay_ends_at_its_ratio_of_the_horizon_and_stays_at_the_floor() 
         ActorConfig(lr_decay_ratio=0.0)
 
 
+def test_num_actors_counts_every_pool_the_run_creates() -> None:
+    """What a local Ray is told to start at once (ray_start.ensure_ray): the queue, 1 training
+    rank, 1 replica and 1 reward worker by default; the critic's ranks only when it is on."""
+    assert load_config(None, []).num_actors == 4
+    cfg = load_config(None, ["actor.num_ranks=2", "rollout.num_replicas=3", "reward.num_workers=2"])
+    assert cfg.num_actors == 1 + 2 + 3 + 2
+    gae = load_config(None, ["algorithm.adv_estimator=gae", "critic.num_ranks=2"])
+    assert gae.critic.enable and gae.num_actors == 4 + 2
+
+
 def test_trainer_registry_rejects_a_second_class_under_one_name() -> None:
     load_builtin_trainers()
     assert "sync" in TRAINERS

@@ -17,7 +17,7 @@ def test_importing_the_startup_module_imports_none_of_what_it_warms() -> None:
 
 def test_an_error_of_the_helper_thread_is_raised_in_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[str | None] = []
-    monkeypatch.setattr(ray_start, "ensure_ray", lambda address, num_cpus: started.append(address))
+    monkeypatch.setattr(ray_start, "ensure_ray", lambda address, num_cpus, num_actors=0: started.append(address))
     monkeypatch.setattr(startup, "HEAVY_MODULES", ("rl_train.no_such_module",))
     with pytest.raises(ModuleNotFoundError, match="rl_train.no_such_module"):
         startup.warm_start("ray://head:10001", None, use_prefect=False)
@@ -25,7 +25,7 @@ def test_an_error_of_the_helper_thread_is_raised_in_the_caller(monkeypatch: pyte
 
 
 def test_warm_start_reports_when_each_part_was_ready(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ray_start, "ensure_ray", lambda address, num_cpus: None)
+    monkeypatch.setattr(ray_start, "ensure_ray", lambda address, num_cpus, num_actors=0: None)
     monkeypatch.setattr(startup, "HEAVY_MODULES", ("json",))
     times = startup.warm_start(None, None, use_prefect=False)
     assert times.prefect is None and 0 <= times.ray <= times.total and 0 <= times.imports <= times.total
