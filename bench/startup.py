@@ -27,7 +27,11 @@ The marks, in order: ``config`` (validated), ``inputs`` (data and run directory 
 ``imports`` (flows, pools and workers imported), ``prefect_api`` (the temporary API answers),
 ``ray`` (Ray is up), ``flow`` (the flow run began), ``rollout_ready`` / ``trainer_ready`` (the
 pools' actors built their engines), ``workers`` (pools created, weight sync open),
-``first_step`` (the first step's line printed).
+``first_step`` (the first step's line printed). Below them: the CPU seconds that the run's
+processes (the driver, Ray's, the workers, Prefect's server) had used by the first step, a
+steadier figure than the wall time on a machine of two shared cores.
+
+    python -m rl_train.bench.startup --variant plain-ray=env:RL_TRAIN_RAY_LEAN_HEAD=0   # Ray as ray.init starts it
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPORT = re.compile(r"start-up \(s from process start\): (.*)$")
+CPU_REPORT = re.compile(r"start-up CPU \(s, this process and every process under it\): ([0-9.]+)$")
 
 
 @dataclass
@@ -58,6 +63,8 @@ class Variant:
     """(``--resume``) Steps its run has trained so far; each timed run trains one more."""
     marks: list[dict[str, float]] = field(default_factory=list)
     exits: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    """CPU seconds of the run's processes (driver, Ray, workers, Prefect's server) to step 1."""
     run_name: str = ""
 
     def median(self, mark: str) -> float:
@@ -134,6 +141,9 @@ def run_once(variant: Variant, config: str, workdir: Path, index: int, api_url: 
     if report is None:
         raise RuntimeError(f"{variant.name}: no start-up line in its output:\n{done.stderr[-3000:]}")
     variant.marks.append({name: float(value) for name, value in (part.rsplit(" ", 1) for part in report.split(", "))})
+    cpu = next((m.group(1) for m in map(CPU_REPORT.search, done.stderr.splitlines()) if m), None)
+    if cpu is not None:
+        variant.cpu.append(float(cpu))
     variant.exits.append(time.perf_counter() - started)
 
 
@@ -177,6 +187,8 @@ def print_table(variants: list[Variant], runs: int) -> None:
     for mark in names:
         print(f"{mark:>14} " + " ".join(f"{v.median(mark):>26.2f}" for v in variants))
     print(f"{'exit':>14} " + " ".join(f"{statistics.median(v.exits):>26.2f}" for v in variants))
+    cpu = [f"{statistics.median(v.cpu):.2f}" if v.cpu else "nan" for v in variants]
+    print(f"{'cpu s, step 1':>14} " + " ".join(f"{text:>26}" for text in cpu))
     each = [" ".join(f"{m['first_step']:.1f}" for m in v.marks) for v in variants]
     print(f"{'first step, each':>14} " + " ".join(f"{text:>26}" for text in each))
 
@@ -207,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
         if base is not variant:
             ratio = variant.median("first_step") / base.median("first_step")
             print(f"first step, {variant.name} / {base.name}: {ratio:.2f}")
+            if variant.cpu and base.cpu:
+                cpu_ratio = statistics.median(variant.cpu) / statistics.median(base.cpu)
+                print(f"CPU seconds to step 1, {variant.name} / {base.name}: {cpu_ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -23,3 +23,25 @@ def test_the_report_is_asked_for_by_the_environment(monkeypatch: pytest.MonkeyPa
     assert not startup_clock.report_requested()
     monkeypatch.setenv(startup_clock.REPORT_ENV, "1")
     assert startup_clock.report_requested()
+
+
+def test_the_cpu_of_the_process_tree_counts_its_children_and_grandchildren() -> None:
+    """A grandchild that burns about 0.5 s of CPU (under a child that only waits for it) is
+    counted while it runs, and the report's second line carries the figure."""
+    import subprocess
+    import sys
+
+    burn = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\nprint('done', flush=True)\ninput()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn!r}])"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "done\n"
+        own = startup_clock.tree_cpu_seconds(child.pid)
+        assert own >= 0.45
+        assert startup_clock.tree_cpu_seconds() >= own  # this process is above them both
+        cpu_line = startup_clock.report().splitlines()[1]
+        assert cpu_line.startswith(startup_clock.CPU_REPORT) and float(cpu_line.rsplit(" ", 1)[1]) >= own
+    finally:
+        child.communicate("\n", timeout=30)
