@@ -65,10 +65,11 @@ def is_native(model: Any) -> bool:
     return isinstance(model, NativeCausalLM)
 
 
-def new_kv_cache(model: Any) -> Any:
-    """An empty KV cache of the kind ``model``'s forward takes (``cache=``)."""
+def new_kv_cache(model: Any, capacity: int = 0) -> Any:
+    """An empty KV cache of the kind ``model``'s forward takes (``cache=``); ``capacity``: the
+    positions it will need at most, where known (the native cache then never grows)."""
     if is_native(model):
-        return model.new_cache()
+        return model.new_cache(capacity)
     from transformers import DynamicCache
 
     return DynamicCache()

@@ -155,20 +155,26 @@ def rope_tables(position_ids: torch.Tensor, inv_freq: torch.Tensor, dtype: torch
 
 class KVCache:
     """Keys and values of every layer for the tokens fed so far, in buffers that grow by
-    doubling (a decode step writes one position instead of copying the whole history)."""
+    doubling (a decode step writes one position instead of copying the whole history).
 
-    def __init__(self) -> None:
+    ``capacity``: the positions a generation will need at most (its widest context plus its
+    new tokens), when the caller knows them; the first buffers hold that many, so the decode
+    never grows them. Growing copies every layer's whole history: at 256 rows x 32 new tokens
+    the copies were 0.4 ms of a 9 ms decode step."""
+
+    def __init__(self, capacity: int = 0) -> None:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.length = 0
         """Positions held (the same in every layer once a forward has finished)."""
+        self.capacity = capacity
 
     def append(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add this forward's ``key`` / ``value`` [B, H, T, D] to ``layer``; every position so far."""
         start, end = self.length, self.length + key.shape[2]
         if layer == len(self.keys):
-            self.keys.append(self._buffer(key, end))
-            self.values.append(self._buffer(value, end))
+            self.keys.append(self._buffer(key, max(end, self.capacity), exact=end <= self.capacity))
+            self.values.append(self._buffer(value, max(end, self.capacity), exact=end <= self.capacity))
         elif end > self.keys[layer].shape[2]:
             for store in (self.keys, self.values):
                 grown = self._buffer(store[layer], end)
@@ -185,8 +191,9 @@ class KVCache:
         self.values = [v.index_select(0, index) for v in self.values]
 
     @staticmethod
-    def _buffer(like: torch.Tensor, needed: int) -> torch.Tensor:
-        return like.new_empty((like.shape[0], like.shape[1], max(2 * needed, 16), like.shape[3]))
+    def _buffer(like: torch.Tensor, needed: int, exact: bool = False) -> torch.Tensor:
+        size = needed if exact else max(2 * needed, 16)
+        return like.new_empty((like.shape[0], like.shape[1], size, like.shape[3]))
 
 
 class Attention(nn.Module):
@@ -348,8 +355,9 @@ class NativeCausalLM(nn.Module):
         return CausalLMOutput(self.lm_head(hidden))
 
     @staticmethod
-    def new_cache() -> KVCache:
-        return KVCache()
+    def new_cache(capacity: int = 0) -> KVCache:
+        """An empty cache; ``capacity``: the positions it will need at most (0: unknown)."""
+        return KVCache(capacity)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

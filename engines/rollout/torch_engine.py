@@ -201,7 +201,7 @@ class TorchRolloutEngine:
         """The decode loop: sample into ``new_ids`` / ``new_logps`` until every row stops."""
         batch_size = len(requests)
         rows = _Rows(budget, None if params.ignore_eos else self.eos_token_id, self.device)
-        cache = new_kv_cache(self.model)
+        cache = new_kv_cache(self.model, input_ids.shape[1] + max(budget, default=0))
         distinct = None if with_routes else self._distinct_rows(contexts)
         step_ids, step_pos = input_ids, positions
         for step in range(max(budget, default=0)):

@@ -69,13 +69,17 @@ def test_native_logits_equal_transformers_on_every_real_token(
     assert torch.isfinite(got).all()  # padding positions too: nothing attends to nothing
 
 
-def test_decoding_through_the_cache_equals_one_full_forward(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("capacity", [0, 9])
+def test_decoding_through_the_cache_equals_one_full_forward(tiny_model_dir: Path, capacity: int) -> None:
+    """Through a cache that grows (capacity unknown) or one sized for the whole generation,
+    which then keeps its first buffers: no decode step copies the history into a bigger one."""
     model = load_native(tiny_model_dir)
     ids, mask, positions = _batch(model.config.vocab_size, "left")
     with torch.no_grad():
         full = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-        cache = model.new_cache()
+        cache = model.new_cache(capacity)
         prefill = model(ids[:, :5], attention_mask=mask[:, :5], position_ids=positions[:, :5], cache=cache).logits
+        first_buffer = cache.keys[0]
         steps = [
             model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], position_ids=positions[:, t : t + 1], cache=cache).logits
             for t in range(5, 9)
@@ -84,6 +88,8 @@ def test_decoding_through_the_cache_equals_one_full_forward(tiny_model_dir: Path
     real = mask.bool()
     torch.testing.assert_close(decoded[real], full[real], rtol=1e-5, atol=1e-5)
     assert cache.length == 9 and cache.keys[0].shape[2] >= 9
+    if capacity:
+        assert cache.keys[0] is first_buffer and first_buffer.shape[2] == capacity
 
 
 def test_parameter_names_are_transformers_names(tiny_model_dir: Path, llama_dir: Path) -> None:
