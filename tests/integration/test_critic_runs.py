@@ -66,7 +66,14 @@ def test_gae_through_prefect_runs_the_critic_phases_as_tasks(
             assert math.isfinite(m[key]), key
         assert "timing/greedy_baseline" not in m
     assert metrics[0]["critic/values_mean"] == 0.0  # the zero-initialised head, before any update
-    assert metrics[1]["critic/values_mean"] != 0.0  # the critic has learned something
+    # Step 1's critic update moves the head only if step 1 had a return to learn: where every
+    # sampled answer of step 1 was wrong (which floating-point differences between CPUs decide
+    # for this small batch), the returns are all zero, the value loss's gradient is zero and
+    # the head stays at zero; otherwise step 2's values are no longer zero.
+    if metrics[0]["critic/returns_mean"] != 0.0:
+        assert metrics[1]["critic/values_mean"] != 0.0  # the critic has learned something
+    else:
+        assert metrics[1]["critic/values_mean"] == 0.0
 
     with get_client(sync_client=True) as client:
         parent = state.state_details.flow_run_id
