@@ -25,7 +25,7 @@ reused pid is never hit.
 
 The node class is Ray's private API: ``pyproject.toml`` pins Ray's minor release, and where
 the class is missing or its signature changed, ``start_local_head`` returns None and the
-caller falls back to a plain ``ray.init`` (``tests/unit/test_local_ray_head.py`` holds the
+caller falls back to a plain ``ray.init`` (``tests/integration/test_local_ray_head.py`` holds the
 pinned release to the lean path).
 """
 

@@ -30,7 +30,7 @@ class FlowSpy:
         self.warm_starts: list[bool] = []
         """``use_prefect`` of each ``warm_start`` (Ray, Prefect's API, imports), which comes first."""
 
-    def warm_start(self, ray_address: str | None, ray_num_cpus: int | None, use_prefect: bool) -> None:
+    def warm_start(self, ray_address: str | None, ray_num_cpus: int | None, use_prefect: bool, num_actors: int = 0) -> None:
         assert not self.calls, "the warm start comes before the run"
         self.warm_starts.append(use_prefect)
 

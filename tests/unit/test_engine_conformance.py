@@ -258,8 +258,9 @@ def test_updates_do_not_depend_on_the_micro_batch_split(tiny_model_dir, training
 
     Tolerances: only float32 summation order differs (about 1e-7 relative), except that
     Adam divides each gradient by its own magnitude, which amplifies that noise on entries
-    whose gradient is near Adam's eps; those move by at most lr, so weights get lr / 100. A
-    lost or double-counted micro-batch flips the sign of many entries: errors of 2 lr.
+    whose gradient is near Adam's eps; those move by at most lr, so weights get lr / 100 (all
+    but 1 in 10,000) and lr / 10 (every one). A lost or double-counted micro-batch flips the
+    sign of many entries: errors of 2 lr.
     """
     engine = rollout_engine("torch", tiny_model_dir, seed=1)
     batch = train_batch(engine.generate(requests(engine, 12), SamplingParams(1.0, 1.0, 6)), 0)
@@ -273,10 +274,16 @@ def test_updates_do_not_depend_on_the_micro_batch_split(tiny_model_dir, training
         assert got["actor/grad_norm"] == pytest.approx(expected["actor/grad_norm"], rel=1e-5)
         assert expected["actor/grad_norm"] > 0
     final = dict(cut.export_weights())
-    moved = 0
+    # As in tests/unit/test_data_parallel.py: all but 1 in 10,000 weights within lr / 100 (on
+    # one CPU a weight whose gradient sat at Adam's eps moved 1.0017e-5), none beyond lr / 10,
+    # which still tells a lost or doubled micro-batch (2 lr on many entries) from the update
+    moved, off, total = 0, 0, 0
     for name, tensor in whole.export_weights():
-        torch.testing.assert_close(final[name], tensor, atol=1e-5, rtol=0)
+        torch.testing.assert_close(final[name], tensor, atol=1e-4, rtol=0)
+        off += int(((final[name] - tensor).abs() > 1e-5).sum())
+        total += tensor.numel()
         moved += int(not torch.equal(tensor, start[name]))
+    assert off <= total // 10_000
     assert moved > len(start) // 2
 
 
