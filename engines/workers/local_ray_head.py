@@ -11,8 +11,8 @@ before it even starts the raylet.
 ``start_local_head`` starts the same node ``ray.init()`` would, through the same code
 (``ray._private.node.Node``, as ``ray.init`` calls it), minus those two processes; the log
 monitor is kept, so the actors' output still reaches the driver's terminal. The driver then
-connects with ``ray.init(address=...)``. The node's processes are stopped at interpreter exit
-(after Ray's own exit hook has disconnected the driver).
+connects with ``ray.init(address=...)``. At interpreter exit the driver is disconnected and
+the node's processes are stopped.
 
 A driver that dies without its exit hooks (SIGKILL, the OOM killer, a SIGTERM it does not
 handle) takes the GCS and the raylet with it (Linux's parent-death signal, as Ray sets it),
@@ -85,9 +85,10 @@ def start_local_head(
         logger.warning("starting Ray the usual way (no lean local head on this Ray: %s)", exc)
         return None
     node = node_class(params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True)
-    # Registered before ``ray.init`` registers its own exit hook, so it runs after it: the
-    # driver disconnects first, then the node's processes stop (what ``ray.shutdown`` does for
-    # a node it started itself).
+    # Ray registered its own exit hook when it was imported, so this one runs first (exit hooks
+    # run last-registered first): it disconnects the driver itself, then stops the node's
+    # processes, what ``ray.shutdown`` does for a node it started; Ray's hook then finds
+    # nothing left to do.
     atexit.register(stop_local_head, node)
     _HEADS.append(node)
     watchdog = _watch_agents(node)
