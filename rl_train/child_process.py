@@ -31,3 +31,30 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def proc_stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (field 3 on), or None when the
+    process is gone (Linux). Index 11/12 are utime/stime, 13/14 cutime/cstime, 19 the start
+    time in clock ticks since boot."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def proc_children(pid: int) -> list[int]:
+    """The pids of ``pid``'s children, over all its threads (Linux ``/proc``; [] when gone)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as children:
+                kids += [int(child) for child in children.read().split()]
+        except OSError:
+            continue
+    return kids

@@ -52,23 +52,20 @@ def tree_cpu_seconds(pid: int | None = None) -> float:
     """User + system CPU seconds of ``pid`` (this process) and of every process under it, alive
     or ended and waited for (Linux ``/proc``; 0 where unknown). A local Ray's processes,
     its workers among them, and Prefect's temporary API server are all under the driver."""
-    root = os.getpid() if pid is None else pid
-    total, pending, seen = 0.0, [root], set()
+    from rl_train.child_process import proc_children, proc_stat_fields
+
+    total, pending, seen = 0.0, [os.getpid() if pid is None else pid], set()
     while pending:
         current = pending.pop()
         if current in seen:
             continue
         seen.add(current)
-        try:
-            with open(f"/proc/{current}/stat", encoding="ascii") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
-            total += ticks / os.sysconf("SC_CLK_TCK")
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children", encoding="ascii") as children:
-                    pending += [int(child) for child in children.read().split()]
-        except (OSError, ValueError, IndexError):
+        fields = proc_stat_fields(current)
+        if fields is None:
             continue
+        ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+        total += ticks / os.sysconf("SC_CLK_TCK")
+        pending += proc_children(current)
     return total
 
 

@@ -173,8 +173,8 @@ class KVCache:
         """Add this forward's ``key`` / ``value`` [B, H, T, D] to ``layer``; every position so far."""
         start, end = self.length, self.length + key.shape[2]
         if layer == len(self.keys):
-            self.keys.append(self._buffer(key, max(end, self.capacity), exact=end <= self.capacity))
-            self.values.append(self._buffer(value, max(end, self.capacity), exact=end <= self.capacity))
+            self.keys.append(self._buffer(key, end, self.capacity))
+            self.values.append(self._buffer(value, end, self.capacity))
         elif end > self.keys[layer].shape[2]:
             for store in (self.keys, self.values):
                 grown = self._buffer(store[layer], end)
@@ -191,8 +191,9 @@ class KVCache:
         self.values = [v.index_select(0, index) for v in self.values]
 
     @staticmethod
-    def _buffer(like: torch.Tensor, needed: int, exact: bool = False) -> torch.Tensor:
-        size = needed if exact else max(2 * needed, 16)
+    def _buffer(like: torch.Tensor, needed: int, capacity: int = 0) -> torch.Tensor:
+        """Room for ``needed`` positions: ``capacity`` when that is enough, else twice ``needed``."""
+        size = capacity if needed <= capacity else max(2 * needed, 16)
         return like.new_empty((like.shape[0], like.shape[1], size, like.shape[3]))
 
 

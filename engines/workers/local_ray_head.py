@@ -37,8 +37,9 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
+
+from rl_train.child_process import proc_children, proc_stat_fields
 
 logger = logging.getLogger(__name__)
 
@@ -140,28 +141,6 @@ for pid, started in targets:
 """The agents' watchdog (see the module docstring); it imports nothing but the standard library."""
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return []
-    kids: list[int] = []
-    for task in tasks:
-        try:
-            kids += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return kids
-
-
 def _watch_agents(node: Any) -> subprocess.Popen[bytes] | None:
     """Start the watchdog over the raylet's children (its agents; Linux only, else nothing).
 
@@ -173,10 +152,10 @@ def _watch_agents(node: Any) -> subprocess.Popen[bytes] | None:
 
     raylets = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET) or []
     targets = [
-        [pid, started]
+        [pid, fields[19]]
         for raylet in raylets
-        for pid in _children(raylet.process.pid)
-        if (started := _start_time(pid)) is not None
+        for pid in proc_children(raylet.process.pid)
+        if (fields := proc_stat_fields(pid)) is not None
     ]
     if not targets:
         return None
@@ -186,4 +165,3 @@ def _watch_agents(node: Any) -> subprocess.Popen[bytes] | None:
     return subprocess.Popen(
         [sys.executable, "-c", WATCHDOG, json.dumps(targets)], stdin=subprocess.PIPE, start_new_session=True
     )
-
