@@ -2,9 +2,9 @@
 
 Builds one run (model, Ray pools, data) and runs global steps alternately through Prefect
 (a sub-flow run whose phases are task runs, nested in the bench's flow run as a training run's
-steps are in it) and with the same phase functions called directly, in the same process on the same pools, then prints the mean time of each phase and the ratio
-Prefect / direct. Alternating (P, D, P, D, ...) keeps drift on a noisy machine from favouring
-either side. It also counts, per phase, the bytes that Ray hands back to this process (the
+steps are in it) and with the same phase functions called directly, in the same process on
+the same pools, then prints the mean time of each phase and the ratio Prefect / direct.
+Alternating (P, D, P, D, ...) keeps drift on a noisy machine from favouring either side. It also counts, per phase, the bytes that Ray hands back to this process (the
 driver): a phase that moves records through the driver shows them there; one that passes
 only batch ids shows a few hundred bytes.
 
@@ -95,40 +95,31 @@ def main(argv: list[str] | None = None) -> None:
         *args.overrides,
     ]
     config = load_config(args.config, overrides)
-    sides = [PREFECT, DIRECT]
-    config.trainer.total_steps = len(sides) * (args.steps + 1)
-    timings, driver_bytes = breakdown_flow(config, args.steps, sides)
+    config.trainer.total_steps = 2 * (args.steps + 1)
+    timings, driver_bytes = breakdown_flow(config, args.steps)
     _report(timings, args.preset)
-    _report_bytes(driver_bytes, len(sides) * args.steps)
-
-
-PREFECT = "prefect"
-"""A step as a training run takes it: a sub-flow run nested in the (bench's) flow run."""
-DIRECT = "direct"
-"""The same phase functions called directly."""
+    _report_bytes(driver_bytes, 2 * args.steps)
 
 
 @flow(name="step-breakdown", validate_parameters=False)
-def breakdown_flow(
-    config: Any, steps: int, sides: list[str]
-) -> tuple[dict[str, list[dict[str, float]]], Counter[str]]:
-    """The steps inside a flow run, as in a training run, the sides taking turns (P, D, P, D ...):
-    the Prefect side's steps are this flow run's nested sub-flow runs."""
+def breakdown_flow(config: Any, steps: int) -> tuple[dict[bool, list[dict[str, float]]], Counter[str]]:
+    """The steps inside a flow run, as in a training run, the two sides taking turns (P, D, P,
+    D ...): the Prefect side's steps are this flow run's nested sub-flow runs."""
     trainer = build_trainer(config)
     trainer.init()
-    timings: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    timings: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     driver_bytes = count_driver_bytes()
     try:
         step = 0
         for round_no in range(steps + 1):
-            for side in sides:
+            for use_prefect in (True, False):
                 step += 1
                 started = time.perf_counter()
-                trainer.config.trainer.use_prefect = side != DIRECT
+                trainer.config.trainer.use_prefect = use_prefect
                 metrics = trainer.step(step)
                 metrics["timing/step"] = time.perf_counter() - started
-                if round_no > 0:  # the first round warms every side up
-                    timings[side].append(metrics)
+                if round_no > 0:  # the first round warms both paths up
+                    timings[use_prefect].append(metrics)
                 else:
                     driver_bytes.clear()
     finally:
@@ -142,30 +133,19 @@ def _report_bytes(counts: Counter[str], steps: int) -> None:
         print(f"{phase:<24}{total / max(steps, 1):>14,.0f}")
 
 
-def _report(timings: dict[str, list[dict[str, float]]], preset: str) -> None:
-    sides = list(timings)
-    base = timings[DIRECT]
-    keys = sorted({k for m in base for k in m if k.startswith("timing/") and "/weight_sync/" not in k})
-    print(f"\nstep breakdown ({preset} preset, {len(base)} steps per side), mean seconds")
-    print(
-        f"{'phase':<24}"
-        + "".join(f"{side:>16}" for side in sides)
-        + "".join(f"{side + '/direct':>22}" for side in sides[:-1])
+def _report(timings: dict[bool, list[dict[str, float]]], preset: str) -> None:
+    keys = sorted(
+        {k for m in timings[False] for k in m if k.startswith("timing/") and "/weight_sync/" not in k}
     )
+    print(f"\nstep breakdown ({preset} preset, {len(timings[True])} steps per side), mean seconds")
+    print(f"{'phase':<24}{'prefect':>10}{'direct':>10}{'ratio':>8}")
     for key in keys:
-        means = {side: statistics.mean(m.get(key, 0.0) for m in timings[side]) for side in sides}
-        ratios = [means[side] / means[DIRECT] if means[DIRECT] else float("nan") for side in sides[:-1]]
-        print(
-            f"{key.removeprefix('timing/'):<24}"
-            + "".join(f"{means[side]:>16.3f}" for side in sides)
-            + "".join(f"{r:>22.2f}" for r in ratios)
-        )
-    medians = {side: statistics.median(m["timing/step"] for m in timings[side]) for side in sides}
-    print()
-    for side in sides[:-1]:
-        print(
-            f"median step: {side} {medians[side]:.3f} s, direct {medians[DIRECT]:.3f} s -> ratio {side}/direct = {medians[side] / medians[DIRECT]:.3f}"
-        )
+        p = statistics.mean(m.get(key, 0.0) for m in timings[True])
+        d = statistics.mean(m.get(key, 0.0) for m in timings[False])
+        print(f"{key.removeprefix('timing/'):<24}{p:>10.3f}{d:>10.3f}{(p / d if d else float('nan')):>8.2f}")
+    p = statistics.median(m["timing/step"] for m in timings[True])
+    d = statistics.median(m["timing/step"] for m in timings[False])
+    print(f"\nmedian step: prefect {p:.3f} s, direct {d:.3f} s -> ratio prefect/direct = {p / d:.3f}")
 
 
 if __name__ == "__main__":
