@@ -5,8 +5,9 @@ Builds one run (model, Ray pools, data) and runs global steps alternately throug
 steps are in it) and with the same phase functions called directly, in the same process on
 the same pools, then prints the mean time of each phase and the ratio Prefect / direct.
 Alternating (P, D, P, D, ...) keeps drift on a noisy machine from favouring either side. It
-also counts, per phase, the bytes that Ray hands back to this process (the driver): a phase that moves records through the driver shows them there; one that passes
-only batch ids shows a few hundred bytes.
+also counts, per phase, the bytes that Ray hands back to this process (the driver): a phase
+that moves records through the driver shows them there; one that passes only batch ids shows a
+few hundred bytes.
 
     python -m rl_train.bench.step_breakdown                      # the demo config
     python -m rl_train.bench.step_breakdown --preset heavy       # a step of 5 s or more
