@@ -199,7 +199,8 @@ def _train(args: argparse.Namespace) -> int:
     use_prefect = not args.no_prefect and config.trainer.use_prefect
     from rl_train.flows.startup import warm_start
 
-    warm_start(config.ray.address, config.ray.num_cpus, use_prefect, config.num_actors)  # Ray, Prefect's API, imports at once
+    # Ray, Prefect's API and the imports at once
+    warm_start(config.ray.address, config.ray.num_cpus, use_prefect, config.num_actors)
     try:
         if not use_prefect:
             from rl_train.flows.train import run_training
