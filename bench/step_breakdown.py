@@ -1,17 +1,23 @@
 """Where a global step's time goes, and what Prefect costs on top of the phase functions.
 
-Builds one run (model, Ray pools, data) and runs global steps alternately through Prefect
-(a sub-flow run whose phases are task runs, nested in the bench's flow run as a training run's
-steps are in it) and with the same phase functions called directly, in the same process on
-the same pools, then prints the mean time of each phase and the ratio Prefect / direct.
-Alternating (P, D, P, D, ...) keeps drift on a noisy machine from favouring either side. It
-also counts, per phase, the bytes that Ray hands back to this process (the driver): a phase
-that moves records through the driver shows them there; one that passes only batch ids shows a
-few hundred bytes.
+Builds one run (model, Ray pools, data) and runs global steps in turns on the same pools, in
+the same process, on up to three sides, then prints the mean time of each phase and each
+Prefect side's ratio to the direct one:
+
+- nested: each step a sub-flow run whose phases are task runs, nested in the bench's flow run
+  as a training run's steps are in it (``trainer.step_layout: nested``, the default);
+- flat: the phases task runs of the bench's flow run itself, named ``step-N/<phase>``
+  (``trainer.step_layout: flat``);
+- direct: the same phase functions called directly.
+
+Taking turns (nested, flat, direct, nested, ...) keeps drift on a noisy machine from favouring
+any side. It also counts, per phase, the bytes that Ray hands back to this process (the
+driver): a phase that moves records through the driver shows them there; one that passes only
+batch ids shows a few hundred bytes.
 
     python -m rl_train.bench.step_breakdown                      # the demo config
     python -m rl_train.bench.step_breakdown --preset heavy       # a step of 5 s or more
-    python -m rl_train.bench.step_breakdown --steps 6 rollout.n=32
+    python -m rl_train.bench.step_breakdown --sides nested direct --steps 6 rollout.n=32
 """
 
 from __future__ import annotations
@@ -87,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=str(REPO / "configs" / "arith-tiny.yaml"))
     parser.add_argument("--preset", choices=sorted(PRESETS), default="demo")
     parser.add_argument("--steps", type=int, default=8, help="steps per side (after one warm-up step each)")
+    parser.add_argument(
+        "--sides", nargs="+", choices=SIDES, default=list(SIDES), help="which sides take turns (direct always does)"
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     overrides = [
@@ -96,31 +105,36 @@ def main(argv: list[str] | None = None) -> None:
         *args.overrides,
     ]
     config = load_config(args.config, overrides)
-    config.trainer.total_steps = 2 * (args.steps + 1)
-    timings, driver_bytes = breakdown_flow(config, args.steps)
+    sides = [side for side in SIDES if side in args.sides or side == "direct"]
+    config.trainer.total_steps = len(sides) * (args.steps + 1)
+    timings, driver_bytes = breakdown_flow(config, args.steps, sides)
     _report(timings, args.preset)
-    _report_bytes(driver_bytes, 2 * args.steps)
+    _report_bytes(driver_bytes, len(sides) * args.steps)
+
+
+SIDES = ("nested", "flat", "direct")
 
 
 @flow(name="step-breakdown", validate_parameters=False)
-def breakdown_flow(config: Any, steps: int) -> tuple[dict[bool, list[dict[str, float]]], Counter[str]]:
-    """The steps inside a flow run, as in a training run, the two sides taking turns (P, D, P,
-    D ...): the Prefect side's steps are this flow run's nested sub-flow runs."""
+def breakdown_flow(config: Any, steps: int, sides: list[str]) -> tuple[dict[str, list[dict[str, float]]], Counter[str]]:
+    """The steps inside a flow run, as in a training run, the sides taking turns: the nested
+    side's steps are this flow run's sub-flow runs, the flat side's phases its task runs."""
     trainer = build_trainer(config)
     trainer.init()
-    timings: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    timings: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     driver_bytes = count_driver_bytes()
     try:
         step = 0
         for round_no in range(steps + 1):
-            for use_prefect in (True, False):
+            for side in sides:
                 step += 1
                 started = time.perf_counter()
-                trainer.config.trainer.use_prefect = use_prefect
+                trainer.config.trainer.use_prefect = side != "direct"
+                trainer.config.trainer.step_layout = "flat" if side == "flat" else "nested"
                 metrics = trainer.step(step)
                 metrics["timing/step"] = time.perf_counter() - started
-                if round_no > 0:  # the first round warms both paths up
-                    timings[use_prefect].append(metrics)
+                if round_no > 0:  # the first round warms every side up
+                    timings[side].append(metrics)
                 else:
                     driver_bytes.clear()
     finally:
@@ -134,19 +148,21 @@ def _report_bytes(counts: Counter[str], steps: int) -> None:
         print(f"{phase:<24}{total / max(steps, 1):>14,.0f}")
 
 
-def _report(timings: dict[bool, list[dict[str, float]]], preset: str) -> None:
-    keys = sorted(
-        {k for m in timings[False] for k in m if k.startswith("timing/") and "/weight_sync/" not in k}
-    )
-    print(f"\nstep breakdown ({preset} preset, {len(timings[True])} steps per side), mean seconds")
-    print(f"{'phase':<24}{'prefect':>10}{'direct':>10}{'ratio':>8}")
+def _report(timings: dict[str, list[dict[str, float]]], preset: str) -> None:
+    direct = timings["direct"]
+    others = [side for side in timings if side != "direct"]
+    keys = sorted({k for m in direct for k in m if k.startswith("timing/") and "/weight_sync/" not in k})
+    print(f"\nstep breakdown ({preset} preset, {len(direct)} steps per side), mean seconds")
+    print(f"{'phase':<24}" + "".join(f"{side:>10}" for side in [*others, "direct"]) + "".join(f"{side + '/d':>10}" for side in others))
     for key in keys:
-        p = statistics.mean(m.get(key, 0.0) for m in timings[True])
-        d = statistics.mean(m.get(key, 0.0) for m in timings[False])
-        print(f"{key.removeprefix('timing/'):<24}{p:>10.3f}{d:>10.3f}{(p / d if d else float('nan')):>8.2f}")
-    p = statistics.median(m["timing/step"] for m in timings[True])
-    d = statistics.median(m["timing/step"] for m in timings[False])
-    print(f"\nmedian step: prefect {p:.3f} s, direct {d:.3f} s -> ratio prefect/direct = {p / d:.3f}")
+        d = statistics.mean(m.get(key, 0.0) for m in direct)
+        means = [statistics.mean(m.get(key, 0.0) for m in timings[side]) for side in others]
+        ratios = "".join(f"{(p / d if d else float('nan')):>10.2f}" for p in means)
+        print(f"{key.removeprefix('timing/'):<24}" + "".join(f"{p:>10.3f}" for p in [*means, d]) + ratios)
+    d = statistics.median(m["timing/step"] for m in direct)
+    for side in others:
+        p = statistics.median(m["timing/step"] for m in timings[side])
+        print(f"median step: {side} {p:.3f} s, direct {d:.3f} s -> ratio {side}/direct = {p / d:.3f}")
 
 
 if __name__ == "__main__":

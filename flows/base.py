@@ -256,9 +256,12 @@ class BaseTrainer(ABC):
                 self.teardown()
 
     def step(self, step: int) -> dict[str, float]:
-        """One global step: a Prefect sub-flow of phase tasks, or the phases called directly."""
+        """One global step: a Prefect sub-flow of phase tasks (``trainer.step_layout`` nested),
+        phase tasks of the training flow run itself (flat), or the phases called directly."""
         if not self.config.trainer.use_prefect:
             return run_global_step(self, step, direct=True)
+        if self.config.trainer.step_layout == "flat":
+            return run_global_step(self, step, direct=False, label=f"step-{step}")
         with step_settings():
             return self.global_step_flow(step)
 

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 LEDGER_FILE = "trained_prompts.jsonl"
 """One line per global step: the prompt groups trained in it (the resume audit trail)."""
-MAY_DIFFER = ("trainer.total_steps", "trainer.use_prefect", "run.overwrite", "checkpoint.", "ray.")
+MAY_DIFFER = ("trainer.total_steps", "trainer.use_prefect", "trainer.step_layout", "run.overwrite", "checkpoint.", "ray.")
 """Settings a resumed run may change: how long it runs and where, not what it trains."""
 
 

@@ -47,24 +47,35 @@ class StepPlan:
 
 
 class PhaseRunner:
-    """Runs a phase task through Prefect or directly, and times it as ``timing/<phase>``."""
+    """Runs a phase task through Prefect or directly, and times it as ``timing/<phase>``.
 
-    def __init__(self, direct: bool) -> None:
+    ``label``: the task runs are named ``<label>/<phase>`` (the flat layout, where the phases of
+    every step are task runs of the training flow run and the name tells the steps apart);
+    None keeps Prefect's own names (inside a step's sub-flow run, the flow run tells them)."""
+
+    def __init__(self, direct: bool, label: str | None = None) -> None:
         self.direct = direct
+        self.label = label
         self.timings: dict[str, float] = {}
 
     def __call__(self, phase: Any, *args: Any) -> Any:
         start = time.perf_counter()
-        result = call_with_retries(phase.fn, args, phase.retries) if self.direct else phase(*args)
+        if self.direct:
+            result = call_with_retries(phase.fn, args, phase.retries)
+        elif self.label is not None:
+            result = phase.with_options(task_run_name=f"{self.label}/{phase.name}")(*args)
+        else:
+            result = phase(*args)
         key = f"timing/{phase.name}"
         self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start
         return result
 
 
-def run_global_step(trainer: BaseTrainer, step: int, direct: bool) -> dict[str, float]:
-    """parameter_sync_step local updates, then the mode's step-end (weight sync)."""
+def run_global_step(trainer: BaseTrainer, step: int, direct: bool, label: str | None = None) -> dict[str, float]:
+    """parameter_sync_step local updates, then the mode's step-end (weight sync); ``label``
+    names the phases' task runs (``PhaseRunner``)."""
     ctx, cfg, run_id = trainer.context, trainer.config, trainer.run_id
-    run = PhaseRunner(direct)
+    run = PhaseRunner(direct, label)
     plan = StepPlan.from_config(cfg)
     metrics: dict[str, float] = {}
     groups = cfg.trainer.train_batch_size // cfg.trainer.parameter_sync_step

@@ -84,6 +84,8 @@ class TrainerConfig(StrictModel):
     """Validate once before the first step."""
     use_prefect: bool = True
     """Run each global step as a Prefect sub-flow of phase tasks (off: the same phase functions, called directly)."""
+    step_layout: Literal["nested", "flat"] = "nested"
+    """How a global step shows in Prefect: nested (its own ``<run>/step-N`` flow run under the training run, the phases its task runs) or flat (the phases task runs ``step-N/<phase>`` of the training run itself: no flow run per step, a few hundred ms less per step)."""
 
 
 class RolloutConfig(StrictModel):

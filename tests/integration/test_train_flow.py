@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-from prefect_reads import recorded_task_names
+from prefect_reads import recorded_task_names, recorded_task_run_names
 
 from rl_train.config import Config
 from rl_train.flows.train import train_flow
@@ -50,6 +50,30 @@ def test_three_global_steps_through_prefect_and_ray(
         assert all(r.state.is_completed() for r in steps)
         names = recorded_task_names(client, steps[0].id, PHASES)
         assert set(PHASES) <= names, names
+
+
+def test_flat_layout_runs_the_phases_as_task_runs_of_the_training_run(
+    small_run_config: dict[str, Any], ray_local, prefect_harness
+) -> None:
+    """``trainer.step_layout: flat``: no flow run per step; every phase of every step is a task
+    run of the training flow run, named ``step-N/<phase>``, and the run learns as it does nested."""
+    cfg = copy.deepcopy(small_run_config)
+    cfg["trainer"].update(total_steps=2, step_layout="flat")
+    config = Config.model_validate(cfg)
+    state = train_flow(resolved=config.model_dump(mode="json"), return_state=True)
+    assert state.is_completed(), state
+    metrics = read_metrics(state.result()["run_dir"])
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m[f"timing/{phase}"] > 0 for m in metrics for phase in PHASES if phase != "ref")
+    with get_client(sync_client=True) as client:
+        parent = state.state_details.flow_run_id
+        subflows = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent]))
+        )
+        assert subflows == []
+        expected = {f"step-{n}/{phase}" for n in (1, 2) for phase in PHASES if phase != "ref"}
+        names = recorded_task_run_names(client, parent, expected)
+        assert expected <= names, sorted(names)
 
 
 @pytest.mark.parametrize("backend", ["bucketed", "delta"])
