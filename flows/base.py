@@ -25,6 +25,7 @@ from rl_train.flows.ui import (
     end_stale_steps,
     publish_run_end,
     publish_step,
+    resolve_step_layout,
     step_run_name,
     wait_for_published,
 )
@@ -260,7 +261,7 @@ class BaseTrainer(ABC):
         phase tasks of the training flow run itself (flat), or the phases called directly."""
         if not self.config.trainer.use_prefect:
             return run_global_step(self, step, direct=True)
-        if self.config.trainer.step_layout == "flat":
+        if resolve_step_layout(self.config.trainer.step_layout) == "flat":
             return run_global_step(self, step, direct=False, label=f"step-{step}")
         with step_settings():
             return self.global_step_flow(step)

@@ -187,14 +187,34 @@ def publish_run_end(run_name: str, run_dir: str) -> None:
         )
 
 
+def resolve_step_layout(configured: str) -> str:
+    """``trainer.step_layout`` made concrete: ``auto`` is ``nested`` when this process reports
+    to a Prefect server of the user's (``PREFECT_API_URL`` in the environment or the profile:
+    a server with a UI, where each step's own flow run is worth its cost), and ``flat`` on the
+    temporary API a run starts for itself (``flows/prefect_api.py``: no UI, gone at the run's
+    end) or Prefect's in-process one (no URL at all)."""
+    if configured != "auto":
+        return configured
+    import os
+
+    from prefect.settings import get_current_settings
+
+    from rl_train.flows.prefect_api import TEMPORARY_API_ENV
+
+    url = get_current_settings().api.url
+    return "nested" if url and url != os.environ.get(TEMPORARY_API_ENV) else "flat"
+
+
 UNFINISHED_STATES = ("SCHEDULED", "PENDING", "RUNNING")
 
 
 def end_stale_steps(resumed_from: int) -> list[str]:
-    """A resumed training run (a retry of a killed one, in the same flow run) marks the step
-    sub-flows that the killed attempt left unfinished as Crashed, so that its page shows no
-    step still running. Called before this attempt starts any step, so every unfinished
-    child is the killed attempt's. Returns their names; outside a flow run, nothing."""
+    """A resumed training run (a retry of a killed one, in the same flow run) marks what the
+    killed attempt left unfinished as Crashed, so that its page shows no step still running:
+    the step sub-flow runs (the nested layout), and the training run's own phase task runs
+    ``step-N/<phase>`` (the flat layout). Called
+    before this attempt starts any step or task, so every unfinished child is the killed
+    attempt's. Returns the names of the runs ended; outside a flow run, nothing."""
     parent = _current_flow_run_id()
     if parent is None:
         return []
@@ -204,6 +224,10 @@ def end_stale_steps(resumed_from: int) -> list[str]:
         FlowRunFilterParentFlowRunId,
         FlowRunFilterState,
         FlowRunFilterStateType,
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
@@ -218,8 +242,20 @@ def end_stale_steps(resumed_from: int) -> list[str]:
                 ),
             )
         )
+        message = f"its process was killed; the run resumed from checkpoint {resumed_from}"
         for run in stale:
-            message = f"its process was killed; the run resumed from checkpoint {resumed_from}"
             client.set_flow_run_state(run.id, Crashed(message=message), force=True)
             ended.append(run.name)
+        unfinished = [StateType(s) for s in UNFINISHED_STATES]
+        stale_tasks = client.read_task_runs(
+            task_run_filter=TaskRunFilter(
+                flow_run_id=TaskRunFilterFlowRunId(any_=[parent]),
+                state=TaskRunFilterState(type=TaskRunFilterStateType(any_=unfinished)),
+            )
+        )
+        for task_run in stale_tasks:
+            if not task_run.name.startswith("step-"):  # only the flat layout's phases
+                continue
+            client.set_task_run_state(task_run.id, Crashed(message=message), force=True)
+            ended.append(task_run.name)
     return ended

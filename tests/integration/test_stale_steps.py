@@ -28,6 +28,11 @@ def _step_task() -> None:
     """The parent task run Prefect puts between a flow run and its sub-flow."""
 
 
+@task(name="update")
+def _phase() -> None:
+    """Stands in for a phase task run of the flat layout (created here, never run)."""
+
+
 def _child(client: Any, parent: UUID, name: str, state: State) -> UUID:
     """A flow run under the training run, as a step sub-flow is: through a parent task run."""
     link = client.create_task_run(_step_task, flow_run_id=parent, dynamic_key=name, state=Running())
@@ -43,17 +48,28 @@ def test_a_resumed_run_ends_the_steps_its_killed_attempt_left_running(prefect_ha
         with get_client(sync_client=True) as client:
             done = _child(client, parent, "run/step-3", Completed())
             stale = _child(client, parent, "run/step-4", Running())
+            finished_phase = client.create_task_run(
+                _phase, flow_run_id=parent, dynamic_key="3", name="step-3/update", state=Completed()
+            )
+            stale_phase = client.create_task_run(
+                _phase, flow_run_id=parent, dynamic_key="4", name="step-4/update", state=Running()
+            )
             ended = end_stale_steps(3)
             return {
                 "ended": ended,
                 "done": client.read_flow_run(done).state.type,
                 "stale": client.read_flow_run(stale).state,
+                "finished_phase": client.read_task_run(finished_phase.id).state.type,
+                "stale_phase": client.read_task_run(stale_phase.id).state,
             }
 
     out = resumed()
-    assert out["ended"] == ["run/step-4"]
+    # the nested layout's sub-flow run, then the flat layout's phase task run of the training run
+    assert out["ended"] == ["run/step-4", "step-4/update"]
     assert out["done"] == StateType.COMPLETED and out["stale"].type == StateType.CRASHED
     assert "resumed from checkpoint 3" in out["stale"].message
+    assert out["finished_phase"] == StateType.COMPLETED
+    assert out["stale_phase"].type == StateType.CRASHED and "checkpoint 3" in out["stale_phase"].message
 
 
 def test_outside_a_flow_run_nothing_is_asked() -> None:
