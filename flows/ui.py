@@ -212,9 +212,9 @@ def end_stale_steps(resumed_from: int) -> list[str]:
     """A resumed training run (a retry of a killed one, in the same flow run) marks what the
     killed attempt left unfinished as Crashed, so that its page shows no step still running:
     the step sub-flow runs (the nested layout), and the training run's own phase task runs
-    ``step-N/<phase>`` (the flat layout). Called
-    before this attempt starts any step or task, so every unfinished child is the killed
-    attempt's. Returns the names of the runs ended; outside a flow run, nothing."""
+    ``step-N/<phase>`` (the flat layout). Called before this attempt starts any step or task,
+    so every unfinished child is the killed attempt's. Returns the names of the runs ended;
+    outside a flow run, nothing."""
     parent = _current_flow_run_id()
     if parent is None:
         return []
