@@ -7,8 +7,14 @@ import math
 from typing import Any
 
 import pytest
+import torch
 
-from rl_train.algorithms.advantage_phase import AdvantagePhase, bypass_old_log_probs
+from rl_train.algorithms.advantage_phase import (
+    AdvantagePhase,
+    bypass_old_log_probs,
+    pad_response,
+    unpad_response,
+)
 from rl_train.algorithms.config import AlgorithmConfig
 from rl_train.algorithms.rollout_correction import MissingRolloutLogProbsError
 
@@ -156,3 +162,24 @@ def test_runbook_warning_is_logged_when_kl_crosses_the_collapse_threshold(caplog
         _, metrics = phase().compute(records)
     assert metrics["rollout_corr/kl"] == pytest.approx(1.0)
     assert "risk of collapse" in caplog.text
+
+
+def test_pad_and_unpad_response_round_trip_lists_and_tensors() -> None:
+    records = [
+        {"response_ids": [5, 6, 7], "x": [0.5, -1.0, 2.0]},
+        {"response_ids": [5], "x": torch.tensor([3.0])},
+        {"response_ids": [5, 6], "x": None},
+        {"response_ids": [], "x": []},
+    ]
+    padded = pad_response(records, "x", fill=1.0)
+    assert padded.tolist() == [[0.5, -1.0, 2.0], [3.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    assert unpad_response(padded, records) == [[0.5, -1.0, 2.0], [3.0], [1.0, 1.0], []]
+    assert pad_response([], "x").shape == (0, 1)
+
+
+def test_pad_response_names_a_field_whose_length_is_not_the_responses() -> None:
+    records = [{"response_ids": [5, 6], "x": [0.1, 0.2]}, {"response_ids": [5, 6], "x": [0.1, 0.2, 0.3]}]
+    with pytest.raises(ValueError, match="'x': 3 values for a response of 2 tokens"):
+        pad_response(records, "x")
+    with pytest.raises(ValueError, match="'x' is None"):
+        pad_response([{"response_ids": [5], "x": None}], "x")
