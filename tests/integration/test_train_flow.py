@@ -10,7 +10,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 from prefect_reads import recorded_task_names, recorded_task_run_names
 
-from rl_train.config import Config
+from rl_train.config import Config, apply_mode_defaults
 from rl_train.flows.train import train_flow
 from rl_train.storage.metrics import read_metrics
 from rl_train.tasks import PHASES
@@ -52,13 +52,16 @@ def test_three_global_steps_through_prefect_and_ray(
         assert set(PHASES) <= names, names
 
 
+@pytest.mark.parametrize("mode", ["sync", "separate_async"])
 def test_flat_layout_runs_the_phases_as_task_runs_of_the_training_run(
-    small_run_config: dict[str, Any], ray_local, prefect_harness
+    small_run_config: dict[str, Any], ray_local, prefect_harness, mode: str
 ) -> None:
     """``trainer.step_layout: flat``: no flow run per step; every phase of every step is a task
-    run of the training flow run, named ``step-N/<phase>``, and the run learns as it does nested."""
+    run of the training flow run, named ``step-N/<phase>`` (separate_async: its weight push
+    too, and its local updates' phases under their step's name)."""
     cfg = copy.deepcopy(small_run_config)
-    cfg["trainer"].update(total_steps=2, step_layout="flat")
+    cfg["trainer"].update(mode=mode, total_steps=2, step_layout="flat")
+    apply_mode_defaults(cfg)
     config = Config.model_validate(cfg)
     state = train_flow(resolved=config.model_dump(mode="json"), return_state=True)
     assert state.is_completed(), state
