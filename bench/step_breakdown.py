@@ -5,9 +5,10 @@ the same process, on up to three sides, then prints the mean time of each phase 
 Prefect side's ratio to the direct one:
 
 - nested: each step a sub-flow run whose phases are task runs, nested in the bench's flow run
-  as a training run's steps are in it (``trainer.step_layout: nested``, the default);
+  as a training run's steps are in it (``trainer.step_layout: nested``; auto's choice on a
+  Prefect server of the user's);
 - flat: the phases task runs of the bench's flow run itself, named ``step-N/<phase>``
-  (``trainer.step_layout: flat``);
+  (``trainer.step_layout: flat``; auto's choice on a run's own temporary API);
 - direct: the same phase functions called directly.
 
 Taking turns (nested, flat, direct, nested, ...) keeps drift on a noisy machine from favouring
