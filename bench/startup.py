@@ -11,6 +11,7 @@ variant's, measured in the same run.
     python -m rl_train.bench.startup --runs 5 --variant transformers=model.impl=transformers
     python -m rl_train.bench.startup --variant conc8=env:RAY_worker_maximum_startup_concurrency=8
     python -m rl_train.bench.startup --resume --prefect-server   # a resumed run, as a retry runs
+    python -m rl_train.bench.startup --processes   # and the CPU seconds of each process to step 1
 
 ``--resume`` times a resumed run instead: each variant has a run of its own, trained for one
 step with a checkpoint beforehand (not timed), and every timed run trains one step more on the
@@ -50,6 +51,11 @@ from pathlib import Path
 
 REPORT = re.compile(r"start-up \(s from process start\): (.*)$")
 CPU_REPORT = re.compile(r"start-up CPU \(s, this process and every process under it\): ([0-9.]+)$")
+PROCESS_REPORT = re.compile(r"start-up CPU by process \(s\): (.*)$")
+
+
+PER_PROCESS = False
+"""``--processes``: the runs report their CPU by process too (``RL_TRAIN_STARTUP_REPORT=processes``)."""
 
 
 @dataclass
@@ -65,6 +71,8 @@ class Variant:
     exits: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     """CPU seconds of the run's processes (driver, Ray, workers, Prefect's server) to step 1."""
+    processes: list[dict[str, float]] = field(default_factory=list)
+    """(``--processes``) Each run's CPU seconds to step 1 by process name."""
     run_name: str = ""
 
     def median(self, mark: str) -> float:
@@ -129,7 +137,7 @@ def run_once(variant: Variant, config: str, workdir: Path, index: int, api_url: 
         command = train_command(variant, config, workdir, variant.run_name, variant.steps_done)
     else:
         command = train_command(variant, config, workdir, f"r{index}", 1)
-    env = {**os.environ, "RL_TRAIN_STARTUP_REPORT": "1", **variant.env}
+    env = {**os.environ, "RL_TRAIN_STARTUP_REPORT": "processes" if PER_PROCESS else "1", **variant.env}
     if api_url and variant.prefect:
         env["PREFECT_API_URL"] = api_url
     started = time.perf_counter()
@@ -144,6 +152,13 @@ def run_once(variant: Variant, config: str, workdir: Path, index: int, api_url: 
     cpu = next((m.group(1) for m in map(CPU_REPORT.search, done.stderr.splitlines()) if m), None)
     if cpu is not None:
         variant.cpu.append(float(cpu))
+    shares = next((m.group(1) for m in map(PROCESS_REPORT.search, done.stderr.splitlines()) if m), None)
+    if shares:
+        by_name: dict[str, float] = {}
+        for part in shares.split(", "):
+            name, _, seconds = part.rpartition(" ")
+            by_name[name] = by_name.get(name, 0.0) + float(seconds)
+        variant.processes.append(by_name)
     variant.exits.append(time.perf_counter() - started)
 
 
@@ -191,6 +206,14 @@ def print_table(variants: list[Variant], runs: int) -> None:
     print(f"{'cpu s, step 1':>14} " + " ".join(f"{text:>26}" for text in cpu))
     each = [" ".join(f"{m['first_step']:.1f}" for m in v.marks) for v in variants]
     print(f"{'first step, each':>14} " + " ".join(f"{text:>26}" for text in each))
+    if any(v.processes for v in variants):
+        print("\nCPU s to step 1 by process (median)")
+        names = sorted({n for v in variants for p in v.processes for n in p}, key=lambda n: -max(
+            statistics.median([p.get(n, 0.0) for p in v.processes]) for v in variants if v.processes))
+        for name in names:
+            cells = [statistics.median([p.get(name, 0.0) for p in v.processes]) if v.processes else float("nan")
+                     for v in variants]  # fmt: skip
+            print(f"{name[:24]:>24} " + " ".join(f"{c:>16.2f}" for c in cells))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -200,9 +223,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-prefect-only", action="store_true", help="skip the runs through Prefect")
     parser.add_argument("--resume", action="store_true", help="time resumed runs (from a checkpoint)")
     parser.add_argument(
+        "--processes", action="store_true", help="also print each process's CPU seconds to step 1 (driver, workers, Ray's, Prefect's)"
+    )
+    parser.add_argument(
         "--prefect-server", action="store_true", help="runs through Prefect use a server started beforehand"
     )
     args = parser.parse_args(argv)
+    global PER_PROCESS
+    PER_PROCESS = args.processes
     variants = [] if args.no_prefect_only else [Variant("default")]
     variants.append(Variant("default (no prefect)", prefect=False))
     for text in args.variant:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
 from rl_train import tasks
-from rl_train.algorithms.advantage import estimator_needs
+from rl_train.algorithms.config import estimator_reads_greedy_baseline
 from rl_train.config import Config
 from rl_train.tasks.retry import call_with_retries
 
@@ -42,7 +42,7 @@ class StepPlan:
         return cls(
             ref=cfg.actor.kl_loss or cfg.algorithm.kl_in_reward,
             critic=bool(cfg.critic.enable),
-            greedy_baseline=estimator_needs(cfg.algorithm.adv_estimator).greedy_baseline,
+            greedy_baseline=estimator_reads_greedy_baseline(cfg.algorithm.adv_estimator),
         )
 
 

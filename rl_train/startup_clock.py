@@ -40,7 +40,52 @@ def mark(name: str) -> None:
 
 def report() -> str:
     parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in sorted(MARKS.items(), key=lambda kv: kv[1]))
-    return f"start-up (s from process start): {parts}\n{CPU_REPORT} {tree_cpu_seconds():.2f}"
+    lines = [f"start-up (s from process start): {parts}", f"{CPU_REPORT} {tree_cpu_seconds():.2f}"]
+    if os.environ.get(REPORT_ENV, "") == "processes":
+        shares = ", ".join(f"{name} {seconds:.2f}" for name, seconds in tree_cpu_by_process())
+        lines.append(f"{PROCESS_REPORT} {shares}")
+    return "\n".join(lines)
+
+
+PROCESS_REPORT = "start-up CPU by process (s):"
+"""The third line of ``report`` when ``RL_TRAIN_STARTUP_REPORT=processes``: each live process's
+own CPU seconds (user + system), named by its command line, largest first."""
+
+
+def process_name(pid: int) -> str:
+    """A short name for ``pid``: Ray's actor title, else the script or module it runs."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            argv = [a.decode(errors="replace") for a in cmdline.read().split(b"\0") if a]
+    except OSError:
+        return str(pid)
+    if not argv:
+        return str(pid)
+    if argv[0].startswith("ray::"):
+        return argv[0].split()[0]
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1]
+    scripts = [a for a in argv[1:] if a.endswith(".py")]
+    return os.path.basename(scripts[0] if scripts else argv[0])
+
+
+def tree_cpu_by_process(pid: int | None = None) -> list[tuple[str, float]]:
+    """(name, own CPU seconds) for ``pid`` (this process) and each live process under it."""
+    from rl_train.child_process import proc_children, proc_stat_fields
+
+    rows: list[tuple[str, float]] = []
+    pending, seen = [os.getpid() if pid is None else pid], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        fields = proc_stat_fields(current)
+        if fields is not None:
+            own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            rows.append((process_name(current), own))
+        pending += proc_children(current)
+    return sorted(rows, key=lambda row: -row[1])
 
 
 CPU_REPORT = "start-up CPU (s, this process and every process under it):"

@@ -15,14 +15,15 @@ callers test for the Protocol, never for a method name.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rl_train.registry import Registry
 
-NamedTensors = Iterable[tuple[str, torch.Tensor]]
-SparseUpdates = Iterable[tuple[str, torch.Tensor, torch.Tensor]]
+if TYPE_CHECKING:  # the driver builds backends and never imports torch
+    import torch
+
+NamedTensors = Iterable[tuple[str, "torch.Tensor"]]
+SparseUpdates = Iterable[tuple[str, "torch.Tensor", "torch.Tensor"]]
 """(tensor name, flat int positions, new values) of entries to overwrite in place."""
 
 
@@ -128,8 +129,9 @@ WEIGHT_SYNC_BACKENDS: Registry[type] = Registry("weight-sync backend")
 
 
 def import_builtin_backends() -> None:
-    """Import the built-in backends so that they register; heavy transports import lazily."""
-    from rl_train.engines.weight_sync import bucketed, delta, naive  # noqa: F401
+    """Import the built-in backends so that they register (``backends``: no torch; each end's
+    module, and its transport, import when the end is built)."""
+    from rl_train.engines.weight_sync import backends  # noqa: F401
 
 
 def build_weight_sync_backend(cfg: Any) -> WeightSyncBackend:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rl_train.engines.node_address import node_ip
-from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, NamedTensors
+from rl_train.engines.weight_sync.base import NamedTensors
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.engines.weight_sync.stream import StreamSender
 from rl_train.engines.weight_sync.stream_receiver import StreamedTensors, StreamReceiver
@@ -55,18 +55,3 @@ class BucketedReceiver:
 
     def close(self) -> None:
         self._stream.close()
-
-
-@WEIGHT_SYNC_BACKENDS.register("bucketed")
-class BucketedBackend:
-    handover = False
-    uses_transport = True
-
-    def __init__(self, cfg: WeightSyncConfig) -> None:
-        self.cfg = cfg
-
-    def build_sender(self) -> BucketedSender:
-        return BucketedSender(self.cfg)
-
-    def build_receiver(self, descriptor: dict[str, Any]) -> BucketedReceiver:
-        return BucketedReceiver(descriptor, self.cfg.timeout_seconds)

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from rl_train.engines.weight_sync.base import (
-    WEIGHT_SYNC_BACKENDS,
     AcceptsSparseUpdates,
     NamedTensors,
     SyncableRolloutEngine,
@@ -209,18 +208,3 @@ class _DeltaSync(StreamedTensors):
         assert mirror is not None, "load_into checks for the mirror before the tensors are read"
         for name in apply_flushes(self._flushes, mirror):
             yield name, mirror[name]
-
-
-@WEIGHT_SYNC_BACKENDS.register("delta")
-class DeltaBackend:
-    handover = False
-    uses_transport = True
-
-    def __init__(self, cfg: WeightSyncConfig) -> None:
-        self.cfg = cfg
-
-    def build_sender(self) -> DeltaSender:
-        return DeltaSender(self.cfg)
-
-    def build_receiver(self, descriptor: dict[str, Any]) -> DeltaReceiver:
-        return DeltaReceiver(descriptor, self.cfg.timeout_seconds)

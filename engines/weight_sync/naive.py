@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, NamedTensors
+from rl_train.engines.weight_sync.base import NamedTensors
 
 
 class NaiveSender:
@@ -36,18 +36,3 @@ class NaiveReceiver:
 
     def close(self) -> None:
         return None
-
-
-@WEIGHT_SYNC_BACKENDS.register("naive")
-class NaiveBackend:
-    handover = True
-    uses_transport = False
-
-    def __init__(self, cfg: Any = None) -> None:
-        self.cfg = cfg
-
-    def build_sender(self) -> NaiveSender:
-        return NaiveSender()
-
-    def build_receiver(self, descriptor: dict[str, Any]) -> NaiveReceiver:
-        return NaiveReceiver()

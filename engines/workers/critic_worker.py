@@ -11,19 +11,36 @@ from __future__ import annotations
 from typing import Any
 
 import ray
-import torch
 
-from rl_train.algorithms.critic_loss import build_critic_loss_fn, explained_variance
+from rl_train.engines.node_address import node_address
 from rl_train.engines.training.critic_config import CriticConfig
-from rl_train.engines.training.value_engine import TorchValueEngine
-from rl_train.engines.workers.checkpoint_io import CheckpointSnapshot, clone_state, rng_state, set_rng_state
-from rl_train.engines.workers.rendezvous import join_world, node_address
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
-from rl_train.storage.records import collate, scatter_response
 
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
 UPDATE_FIELDS = ["values", "returns"]
 """Per-token fields the update reads: V_old (values phase) and the returns (advantage phase)."""
+
+
+def _import_engine_side() -> None:
+    """Bind what this actor's methods use and the driver never does, as module globals, in
+    the actor's process only (``__init__`` calls this first). The driver imports this module
+    for the class, to create the actor; with these at the top it would import torch (about
+    3 s of CPU at every start, on the cores the run's other processes start on) for a
+    process that never touches a tensor. ``tests/unit/test_driver_imports.py`` holds it."""
+    global torch, build_critic_loss_fn, explained_variance, TorchValueEngine, CheckpointSnapshot, clone_state
+    global rng_state, set_rng_state, join_world, collate, scatter_response
+    import torch
+
+    from rl_train.algorithms.critic_loss import build_critic_loss_fn, explained_variance
+    from rl_train.engines.training.value_engine import TorchValueEngine
+    from rl_train.engines.workers.checkpoint_io import (
+        CheckpointSnapshot,
+        clone_state,
+        rng_state,
+        set_rng_state,
+    )
+    from rl_train.engines.workers.rendezvous import join_world
+    from rl_train.storage.records import collate, scatter_response
 
 
 class CriticWorker:
@@ -37,6 +54,7 @@ class CriticWorker:
         tq: Any,
         dist_address: str | None = None,
     ) -> None:
+        _import_engine_side()
         self.cfg = CriticConfig.model_validate(critic)
         torch.set_num_threads(self.cfg.num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x

@@ -32,11 +32,14 @@ pinned release to the lean path).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import importlib.util
 import json
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from rl_train.child_process import proc_children, proc_stat_fields
@@ -85,7 +88,8 @@ def start_local_head(
     except (ImportError, TypeError) as exc:  # a Ray whose private parameters moved
         logger.warning("starting Ray the usual way (no lean local head on this Ray: %s)", exc)
         return None
-    node = node_class(params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True)
+    with _dashboard_dependencies_found_without_importing():
+        node = node_class(params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True)
     # Ray registered its own exit hook when it was imported, so this one runs first (exit hooks
     # run last-registered first): it disconnects the driver itself, then stops the node's
     # processes, what ``ray.shutdown`` does for a node it started; Ray's hook then finds
@@ -96,6 +100,44 @@ def start_local_head(
     if watchdog is not None:
         _WATCHDOGS.append(watchdog)  # its pipe must stay open as long as this process lives
     return node
+
+
+DASHBOARD_DEPENDENCIES = (
+    "aiohttp", "aiohttp_cors", "grpc", "opencensus", "opentelemetry", "opentelemetry.exporter.prometheus",
+    "opentelemetry.proto", "prometheus_client", "pydantic",
+)  # fmt: skip
+"""What ``ray.dashboard.optional_deps`` imports (Ray's test of a ``ray[default]`` install)."""
+
+
+@contextlib.contextmanager
+def _dashboard_dependencies_found_without_importing() -> Iterator[None]:
+    """While the node starts, Ray's test of whether the dashboard's dependencies are installed
+    (it picks the raylet's agent flags) looks for them instead of importing them all: 1-2 ms
+    against 0.8 s of CPU in the driver, on the cores the node's processes start on. The answer
+    is the same where the packages import (``ray[default]`` is a dependency of rl-train)."""
+    import ray._private.utils as ray_utils
+
+    original = getattr(ray_utils, "get_dashboard_dependency_error", None)
+    if original is None:  # a Ray without this test: nothing to replace
+        yield
+        return
+
+    def looked_up() -> ImportError | None:
+        missing = [name for name in DASHBOARD_DEPENDENCIES if _find_spec(name) is None]
+        return ImportError(f"not installed: {', '.join(missing)}") if missing else None
+
+    ray_utils.get_dashboard_dependency_error = looked_up
+    try:
+        yield
+    finally:
+        ray_utils.get_dashboard_dependency_error = original
+
+
+def _find_spec(name: str) -> Any:
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
 
 
 _HEADS: list[Any] = []

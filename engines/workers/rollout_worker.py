@@ -8,7 +8,6 @@ import uuid
 from typing import Any
 
 import ray
-import torch
 
 from rl_train.engines.agent.chat import generation_spans
 from rl_train.engines.agent.config import AgentConfig
@@ -17,12 +16,23 @@ from rl_train.engines.rollout.protocol import SamplingParams
 from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.rollout.tool_env import DelayedCalls, ToolEnvConfig
 from rl_train.engines.weight_sync.base import WeightReceiver
-from rl_train.engines.weight_sync.boundaries import run_receiver
-from rl_train.engines.workers.checkpoint_io import rng_state, set_rng_state
 from rl_train.engines.workers.generation_loop import GenerationLoop
 from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.engines.workers.placement import check_device
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
+
+
+def _import_engine_side() -> None:
+    """Bind what this actor's methods use and the driver never does, as module globals, in
+    the actor's process only (``__init__`` calls this first). The driver imports this module
+    for the class, to create the actor; with these at the top it would import torch (about
+    3 s of CPU at every start, on the cores the run's other processes start on) for a
+    process that never touches a tensor. ``tests/unit/test_driver_imports.py`` holds it."""
+    global torch, run_receiver, rng_state, set_rng_state
+    import torch
+
+    from rl_train.engines.weight_sync.boundaries import run_receiver
+    from rl_train.engines.workers.checkpoint_io import rng_state, set_rng_state
 
 
 def agent_fields(trajectory: Any) -> dict[str, Any]:
@@ -86,6 +96,7 @@ class RolloutWorker:
         (its own config section, ``rollout.sglang`` for sglang), on ``device`` (``rollout.device``:
         Ray gives the actor its GPU share and sets which GPU it sees). ``agent``: a ``rollout.agent``
         dump, which agent loop answers each prompt."""
+        _import_engine_side()
         torch.set_num_threads(num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         check_device(device, "rollout.device")

@@ -10,19 +10,13 @@ from typing import Any
 
 import fsspec
 import ray
-import torch
 
-from rl_train.algorithms.actor_loss import build_actor_loss_fn
+from rl_train.engines.node_address import node_address
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.nonfinite import NonFiniteStepGuard
-from rl_train.engines.training.registry import build_training_engine
 from rl_train.engines.weight_sync.base import WeightSender
-from rl_train.engines.weight_sync.boundaries import run_sender
-from rl_train.engines.workers.checkpoint_io import CheckpointSnapshot, clone_state, rng_state, set_rng_state
 from rl_train.engines.workers.placement import check_device
-from rl_train.engines.workers.rendezvous import join_world, node_address
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
-from rl_train.storage.records import collate, scatter_response
 
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
 FREEZE_TIMEOUT_SECONDS = 600.0
@@ -31,6 +25,29 @@ ROUTES_FIELD = "routes"
 """Per token of prompt and response, the experts of each MoE layer (R2: recorded by old_log_prob)."""
 OPTIONAL_TOKEN_FIELDS = ["rollout_is_weights"]
 """Per-token fields the advantage phase writes only when configured (IS weights multiply the policy loss)."""
+
+
+def _import_engine_side() -> None:
+    """Bind what this actor's methods use and the driver never does, as module globals, in
+    the actor's process only (``__init__`` calls this first). The driver imports this module
+    for the class, to create the actor; with these at the top it would import torch (about
+    3 s of CPU at every start, on the cores the run's other processes start on) for a
+    process that never touches a tensor. ``tests/unit/test_driver_imports.py`` holds it."""
+    global torch, build_actor_loss_fn, build_training_engine, run_sender, CheckpointSnapshot, clone_state, rng_state
+    global set_rng_state, join_world, collate, scatter_response
+    import torch
+
+    from rl_train.algorithms.actor_loss import build_actor_loss_fn
+    from rl_train.engines.training.registry import build_training_engine
+    from rl_train.engines.weight_sync.boundaries import run_sender
+    from rl_train.engines.workers.checkpoint_io import (
+        CheckpointSnapshot,
+        clone_state,
+        rng_state,
+        set_rng_state,
+    )
+    from rl_train.engines.workers.rendezvous import join_world
+    from rl_train.storage.records import collate, scatter_response
 
 
 class TrainerWorker:
@@ -57,6 +74,7 @@ class TrainerWorker:
         waits for ``start`` (the pools pass rank 0's ``rendezvous_address`` to every rank).
         ``model_impl``: the torch engine's model code (``model.impl``); ``agent``: the
         ``rollout.agent`` dump the spare rescue engine answers prompts with."""
+        _import_engine_side()
         self.cfg = ActorConfig.model_validate(actor)
         torch.set_num_threads(self.cfg.num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
@@ -331,6 +349,8 @@ class TrainerWorker:
 def collate_routes(records: list[dict[str, Any]], width: int) -> torch.Tensor:
     """The records' ``routes`` as one right-padded tensor [B, width, L, k]; past a row's end (its
     padding, whose outputs feed nothing) each layer gets experts 0..k-1."""
+    import torch
+
     rows = [torch.tensor(r[ROUTES_FIELD], dtype=torch.long) for r in records]
     shape = rows[0].shape[1:] if rows else (0, 0)
     out = torch.arange(shape[-1] if shape else 0, dtype=torch.long).expand(len(records), width, *shape).clone()

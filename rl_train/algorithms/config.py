@@ -45,6 +45,10 @@ BUILTIN_CRITIC_ESTIMATORS = frozenset({"gae"})
 holds this to what each declares in its registry."""
 
 
+BUILTIN_GREEDY_BASELINE_ESTIMATORS = frozenset({"remax"})
+"""The built-in advantage estimators that read a greedy baseline reward per prompt."""
+
+
 def estimator_reads_critic(name: str) -> bool:
     """Whether the estimator ``name`` reads critic values, without importing the built-ins."""
     if name in BUILTIN_NAMES[("rl_train.algorithms.advantage", "ADV_ESTIMATORS")]:
@@ -52,6 +56,16 @@ def estimator_reads_critic(name: str) -> bool:
     from rl_train.algorithms.advantage import estimator_needs
 
     return estimator_needs(name).critic
+
+
+def estimator_reads_greedy_baseline(name: str) -> bool:
+    """Whether the estimator ``name`` reads a greedy baseline, without importing the built-ins
+    (the driver's step plan asks; the estimators and torch load in the queue actor only)."""
+    if name in BUILTIN_NAMES[("rl_train.algorithms.advantage", "ADV_ESTIMATORS")]:
+        return name in BUILTIN_GREEDY_BASELINE_ESTIMATORS
+    from rl_train.algorithms.advantage import estimator_needs
+
+    return estimator_needs(name).greedy_baseline
 
 
 NO_NORM_LENGTH_MODES = frozenset({"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"})

@@ -13,7 +13,7 @@ import ray
 from rl_train.config import Config, apply_mode_defaults
 from rl_train.engines.model.loading import load_policy
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
-from rl_train.engines.weight_sync.naive import NaiveBackend
+from rl_train.engines.weight_sync.backends import NaiveBackend
 from rl_train.engines.workers.rollout_worker import RolloutWorker
 from rl_train.storage.metrics import read_metrics
 from rl_train.storage.transfer_queue import TransferQueue

@@ -54,7 +54,9 @@ def cmdline(pid):
         return ""
 
 pids = sorted(set(tree(os.getpid())) | {actor_pid})
-print(json.dumps({"actor": actor_pid, "processes": {p: cmdline(p) for p in pids}}), flush=True)
+report = {"actor": actor_pid, "processes": {p: cmdline(p) for p in pids}}
+report["imported_dashboard_deps"] = "ray.dashboard.optional_deps" in sys.modules
+print(json.dumps(report), flush=True)
 if sys.argv[1] == "wait":
     sys.stdin.read()  # until the test kills this process
 """
@@ -123,6 +125,10 @@ def test_a_local_head_runs_actors_without_the_dashboard_or_the_autoscaler(ray_tm
         assert "log_monitor.py" in commands  # the actors' output still reaches the driver
         assert "dashboard/dashboard.py" not in commands
         assert "autoscaler/_private/monitor.py" not in commands
+        # the raylet's agent is the full one (its dependencies were looked up, not imported)
+        agent = next(cmd for cmd in commands.split(" | ") if "dashboard/agent.py" in cmd)
+        assert "--minimal" not in agent.split()
+        assert report["imported_dashboard_deps"] is False
     finally:
         child.communicate(timeout=60)
     assert child.returncode == 0

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from import_probe import imported_after
 
-from rl_train.algorithms.config import BUILTIN_CRITIC_ESTIMATORS, BUILTIN_NAMES, NO_NORM_LENGTH_MODES
+from rl_train.algorithms.config import (
+    BUILTIN_CRITIC_ESTIMATORS,
+    BUILTIN_GREEDY_BASELINE_ESTIMATORS,
+    BUILTIN_NAMES,
+    NO_NORM_LENGTH_MODES,
+)
 from rl_train.engines.weight_sync.config import BUILTIN_BACKENDS
 
 
@@ -19,6 +24,13 @@ def test_the_estimators_that_read_a_critic_are_the_registrys() -> None:
     from rl_train.algorithms.advantage import ADV_ESTIMATORS, estimator_needs
 
     assert {name for name in ADV_ESTIMATORS.names() if estimator_needs(name).critic} == BUILTIN_CRITIC_ESTIMATORS
+
+
+def test_the_estimators_that_read_a_greedy_baseline_are_the_registrys() -> None:
+    from rl_train.algorithms.advantage import ADV_ESTIMATORS, estimator_needs
+
+    needs = {name for name in ADV_ESTIMATORS.names() if estimator_needs(name).greedy_baseline}
+    assert needs == BUILTIN_GREEDY_BASELINE_ESTIMATORS
 
 
 def test_the_modes_without_a_norm_length_are_the_aggregators() -> None:

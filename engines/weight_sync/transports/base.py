@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import importlib
 import socket
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
-
-from rl_train.engines.weight_sync.wire import Deadline
 from rl_train.registry import Registry
+
+if TYPE_CHECKING:  # the config check below runs in the driver, which never imports torch
+    import torch
+
+    from rl_train.engines.weight_sync.wire import Deadline
 
 
 class SenderTransport(Protocol):
@@ -91,9 +93,16 @@ def get_transport(name: str) -> Any:
     return importlib.import_module(module_path)
 
 
+STANDARD_LIBRARY_TRANSPORTS = frozenset({"shm", "tcp"})
+"""Built-in transports that need nothing beyond Python and torch, so always available: the
+config check does not import them (and torch with them) in the driver to ask."""
+
+
 def check_transport_available(name: str) -> None:
     """Raise ``ValueError`` with the install hint when ``name`` cannot run on this machine."""
     module_path, hint = TRANSPORTS.get(name)
+    if name in STANDARD_LIBRARY_TRANSPORTS and module_path == _PACKAGE + name:
+        return
     try:
         problem = importlib.import_module(module_path).available()
     except ImportError as exc:
