@@ -39,8 +39,8 @@ class TorchValueEngine:
         self.model, self.tokenizer = load_value_model(model_path)
         self.cfg = cfg
         optimizers_without_compiler()
-        self.optimizer = torch.optim.AdamW(  # foreach: see TorchTrainingEngine
-            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, foreach=True
+        self.optimizer = torch.optim.AdamW(  # fused: see TorchTrainingEngine
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=True
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_factor(cfg.lr_warmup_steps))
         self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
