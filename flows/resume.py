@@ -26,8 +26,12 @@ logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 LEDGER_FILE = "trained_prompts.jsonl"
 """One line per global step: the prompt groups trained in it (the resume audit trail)."""
-MAY_DIFFER = ("trainer.total_steps", "trainer.use_prefect", "trainer.step_layout", "run.overwrite", "checkpoint.", "ray.")
-"""Settings a resumed run may change: how long it runs and where, not what it trains."""
+MAY_DIFFER = (
+    "trainer.total_steps", "trainer.use_prefect", "trainer.step_layout", "run.overwrite", "checkpoint.", "ray.",
+    "actor.infer_micro_batch_size",
+)  # fmt: skip
+"""Settings a resumed run may change: how long it runs, where, and how its forward-only passes
+split a batch (the same log-probs up to float rounding), not what it trains."""
 
 
 @dataclass(frozen=True)
