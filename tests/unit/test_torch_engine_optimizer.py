@@ -26,7 +26,8 @@ def test_the_engine_steps_with_a_fused_adamw_that_matches_foreach(tiny_model_dir
         for group in reference.param_groups:  # the engine's schedule (warm-up) sets its lr each step
             group["lr"] = engine.optimizer.param_groups[0]["lr"]
     worst = max(float((p.detach() - s.detach()).abs().max()) for p, s in zip(params, shadow, strict=True))
-    assert 0 < max(float((p.detach() - q).abs().max()) for p, q in zip(params, _initial(tiny_model_dir), strict=True))
+    moved = max(float((p.detach() - q).abs().max()) for p, q in zip(params, _initial(tiny_model_dir), strict=True))
+    assert moved > 0  # the steps did train
     assert worst < 1e-5
     before = engine.optimizer.state_dict()
     engine.load_state_dict(engine.state_dict())  # a resume keeps the fused optimizer
