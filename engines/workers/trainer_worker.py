@@ -202,12 +202,16 @@ class TrainerWorker:
         sums: dict[str, float] = {}
         steps = 0
         replayed = 0.0
+        batches = []  # collated once: every epoch trains on the same mini-batches
+        for part in range(num_mini_batches):
+            chunk = records[part::num_mini_batches] if num_mini_batches > 1 else records
+            batch = collate(chunk, self.pad_token_id, fields)
+            if self.cfg.router_replay != "off":  # r2: old_log_prob's routes; r3: rollout's
+                batch[ROUTES_FIELD] = collate_routes(chunk, batch["input_ids"].shape[1])
+            batches.append(batch)
         for _ in range(self.cfg.ppo_epochs):
-            for part in range(num_mini_batches):
-                chunk = records[part::num_mini_batches] if num_mini_batches > 1 else records
-                batch = collate(chunk, self.pad_token_id, fields)
-                if self.cfg.router_replay != "off":  # r2: old_log_prob's routes; r3: rollout's
-                    batch[ROUTES_FIELD] = collate_routes(chunk, batch["input_ids"].shape[1])
+            for batch in batches:
+                if self.cfg.router_replay != "off":
                     replayed += float(batch["attention_mask"].sum())
                 step_metrics = self.engine.train_batch(batch, self.loss_fn)
                 for key, value in step_metrics.items():
