@@ -69,12 +69,11 @@ def process_name(pid: int) -> str:
     return os.path.basename(scripts[0] if scripts else argv[0])
 
 
-def tree_cpu_by_process(pid: int | None = None) -> list[tuple[str, float]]:
-    """(name, own CPU seconds) for ``pid`` (this process) and each live process under it."""
+def _tree_stats(pid: int | None) -> list[tuple[int, list[str]]]:
+    """(pid, its ``/proc`` stat fields) for ``pid`` (this process) and each live process under it."""
     from rl_train.child_process import proc_children, proc_stat_fields
 
-    rows: list[tuple[str, float]] = []
-    pending, seen = [os.getpid() if pid is None else pid], set()
+    found, pending, seen = [], [os.getpid() if pid is None else pid], set()
     while pending:
         current = pending.pop()
         if current in seen:
@@ -82,9 +81,15 @@ def tree_cpu_by_process(pid: int | None = None) -> list[tuple[str, float]]:
         seen.add(current)
         fields = proc_stat_fields(current)
         if fields is not None:
-            own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            rows.append((process_name(current), own))
-        pending += proc_children(current)
+            found.append((current, fields))
+            pending += proc_children(current)
+    return found
+
+
+def tree_cpu_by_process(pid: int | None = None) -> list[tuple[str, float]]:
+    """(name, own CPU seconds) for ``pid`` (this process) and each live process under it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    rows = [(process_name(p), (int(f[11]) + int(f[12])) / tick) for p, f in _tree_stats(pid)]
     return sorted(rows, key=lambda row: -row[1])
 
 
@@ -97,21 +102,8 @@ def tree_cpu_seconds(pid: int | None = None) -> float:
     """User + system CPU seconds of ``pid`` (this process) and of every process under it, alive
     or ended and waited for (Linux ``/proc``; 0 where unknown). A local Ray's processes,
     its workers among them, and Prefect's temporary API server are all under the driver."""
-    from rl_train.child_process import proc_children, proc_stat_fields
-
-    total, pending, seen = 0.0, [os.getpid() if pid is None else pid], set()
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        fields = proc_stat_fields(current)
-        if fields is None:
-            continue
-        ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
-        total += ticks / os.sysconf("SC_CLK_TCK")
-        pending += proc_children(current)
-    return total
+    ticks = sum(int(f[i]) for _, f in _tree_stats(pid) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def report_requested() -> bool:

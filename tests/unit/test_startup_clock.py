@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rl_train import startup_clock
@@ -43,5 +45,26 @@ def test_the_cpu_of_the_process_tree_counts_its_children_and_grandchildren() -> 
         assert startup_clock.tree_cpu_seconds() >= own  # this process is above them both
         cpu_line = startup_clock.report().splitlines()[1]
         assert cpu_line.startswith(startup_clock.CPU_REPORT) and float(cpu_line.rsplit(" ", 1)[1]) >= own
+    finally:
+        child.communicate("\n", timeout=30)
+
+
+def test_the_report_by_process_names_each_process_and_its_own_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RL_TRAIN_STARTUP_REPORT=processes`` adds a line: each process of the tree by the module
+    or script it runs, the one that burnt CPU with about what it burnt."""
+    import subprocess
+    import sys
+
+    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\nprint('done', flush=True)\ninput()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "done\n"
+        rows = dict(startup_clock.tree_cpu_by_process(child.pid))
+        assert list(rows) == [Path(sys.executable).name] and rows[Path(sys.executable).name] >= 0.35
+        monkeypatch.setenv(startup_clock.REPORT_ENV, "processes")
+        last = startup_clock.report().splitlines()[-1]
+        assert last.startswith(startup_clock.PROCESS_REPORT)
+        monkeypatch.setenv(startup_clock.REPORT_ENV, "1")
+        assert startup_clock.PROCESS_REPORT not in startup_clock.report()
     finally:
         child.communicate("\n", timeout=30)
