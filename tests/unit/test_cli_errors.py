@@ -30,9 +30,11 @@ class FlowSpy:
         self.warm_starts: list[bool] = []
         """``use_prefect`` of each ``warm_start`` (Ray, Prefect's API, imports), which comes first."""
 
-    def warm_start(self, ray_address: str | None, ray_num_cpus: int | None, use_prefect: bool, num_actors: int = 0) -> None:
+    def warm_start(
+        self, ray_address: str | None, ray_num_cpus: int | None, use_prefect: bool, num_actors: int = 0, after_ray: Any = None
+    ) -> None:
         assert not self.calls, "the warm start comes before the run"
-        self.warm_starts.append(use_prefect)
+        self.warm_starts.append(use_prefect)  # after_ray (asking Ray for the actors) is not run: no Ray here
 
     def run_training(self, config: Any, run_id: str | None = None) -> dict[str, Any]:
         self.calls.append("run_training")

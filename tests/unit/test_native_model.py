@@ -167,3 +167,45 @@ def test_both_implementations_sample_the_same_tokens(tiny_model_dir: Path) -> No
     for native, reference in zip(results["native"], results["transformers"], strict=True):
         assert native.response_ids == reference.response_ids
         assert native.log_probs == pytest.approx(reference.log_probs, abs=1e-5)
+
+
+@pytest.mark.parametrize("which", ["qwen2", "llama"])
+def test_fused_projections_give_the_same_logits_and_take_in_place_weight_loads(
+    which: str, tiny_model_dir: Path, llama_dir: Path
+) -> None:
+    """A rollout engine's model projects q/k/v and gate/up with one matmul each: the logits
+    are those of the separate projections (to float rounding: a wider matmul may round its last
+    bit differently), the state dict keeps its names and shapes, and a
+    weight written in place through the state dict (as weight sync writes it, whole or by
+    entries) reaches the stacked weights the fused forward reads."""
+    from rl_train.engines.model.native import fuse_projections, unfuse_projections
+
+    folder = tiny_model_dir if which == "qwen2" else llama_dir
+    plain, fused = load_native(folder), load_native(folder)
+    fuse_projections(fused)
+    assert fused.model.layers[0].self_attn.fused is not None  # the test is not vacuous
+    ids, mask, positions = _batch(plain.config.vocab_size, "left")
+    shapes = {k: v.shape for k, v in plain.state_dict().items()}
+    assert {k: v.shape for k, v in fused.state_dict().items()} == shapes
+
+    def logits(model: NativeCausalLM) -> torch.Tensor:
+        with torch.inference_mode():
+            cache = model.new_cache(10)
+            model(ids, attention_mask=mask, position_ids=positions, cache=cache)
+            step = model(ids[:, -1:], attention_mask=torch.cat([mask, mask[:, -1:]], 1), position_ids=positions[:, -1:] + 1, cache=cache)
+            return torch.cat([model(ids, attention_mask=mask, position_ids=positions).logits, step.logits], 1)
+
+    torch.testing.assert_close(logits(fused), logits(plain), rtol=1e-5, atol=1e-6)  # float rounding only
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight"):
+            new = torch.randn(shapes[name], generator=generator)
+            plain.state_dict(keep_vars=True)[name].copy_(new)
+            fused.state_dict(keep_vars=True)[name].copy_(new)
+        name = "model.layers.1.self_attn.v_proj.weight"
+        index, values = torch.tensor([0, 5, 17]), torch.tensor([0.5, -1.0, 2.0])
+        for model in (plain, fused):
+            model.state_dict(keep_vars=True)[name].view(-1).index_copy_(0, index, values)
+    torch.testing.assert_close(logits(fused), logits(plain), rtol=1e-5, atol=1e-6)
+    unfuse_projections(fused)
+    assert torch.equal(logits(fused), logits(plain))

@@ -1,13 +1,16 @@
 """The parallel start-up (flows/startup.py): light to import, errors of its helper thread
-raised in the caller, and a temporary Prefect API only when the run would start one."""
+raised in the caller, a temporary Prefect API only when the run would start one, and the
+run's actors asked for as soon as Ray is up, without waiting for that API."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 from import_probe import imported_after
 
 import rl_train.engines.workers.ray_start as ray_start
-from rl_train.flows import startup
+from rl_train.flows import prefect_api, startup
 
 
 def test_importing_the_startup_module_imports_none_of_what_it_warms() -> None:
@@ -55,3 +58,49 @@ def test_the_driver_does_not_import_transformers_models() -> None:
     transformers' modeling code, which costs about a second of start-up CPU per process."""
     statement = "import rl_train.flows.train, rl_train.flows.registry"
     assert imported_after(statement, ("transformers.modeling_utils",)) == []
+
+
+class _SlowAPI:
+    """Stands in for the temporary Prefect API: it answers only once ``answer`` is set."""
+
+    answer = threading.Event()
+
+    def __init__(self, timeout: float) -> None:
+        pass
+
+    def start(self) -> str:
+        return "http://127.0.0.1:1/api"
+
+    def wait_ready(self) -> None:
+        if not self.answer.wait(10):
+            raise TimeoutError("after_ray did not run while the API was coming up")
+
+
+def test_after_ray_runs_once_ray_and_the_imports_are_up_while_the_api_comes_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rl-train train`` asks Ray for its actors in ``after_ray``: that must not wait for
+    Prefect's API (the point is to start them beside it), and must come after Ray."""
+    events: list[str] = []
+    monkeypatch.setattr(ray_start, "ensure_ray", lambda address, num_cpus, num_actors=0: events.append("ray"))
+    monkeypatch.setattr(startup, "HEAVY_MODULES", ("json",))
+    monkeypatch.setattr(startup, "needs_temporary_prefect_api", lambda use_prefect: True)
+    monkeypatch.setattr(prefect_api, "TemporaryPrefectAPI", _SlowAPI)
+    _SlowAPI.answer.clear()
+
+    def after_ray() -> None:
+        events.append("after_ray")
+        _SlowAPI.answer.set()  # the API answers only after this ran: no deadlock means no wait
+
+    times = startup.warm_start(None, None, use_prefect=True, after_ray=after_ray)
+    assert events == ["ray", "after_ray"]
+    assert times.prefect is not None and times.prefect >= times.imports
+
+
+def test_after_ray_is_skipped_when_the_imports_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    called: list[bool] = []
+    monkeypatch.setattr(ray_start, "ensure_ray", lambda address, num_cpus, num_actors=0: None)
+    monkeypatch.setattr(startup, "HEAVY_MODULES", ("rl_train.no_such_module",))
+    with pytest.raises(ModuleNotFoundError):
+        startup.warm_start(None, None, use_prefect=False, after_ray=lambda: called.append(True))
+    assert called == []
