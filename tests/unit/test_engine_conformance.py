@@ -354,6 +354,24 @@ def test_sleep_moves_weights_off_the_gpu(tiny_model_dir, rollout: str) -> None:
     assert [(r.response_ids, r.log_probs) for r in again] == [(r.response_ids, r.log_probs) for r in first]
 
 
+@pytest.mark.gpu
+def test_weights_loaded_while_asleep_reach_the_fused_projections_after_wake(tiny_model_dir) -> None:
+    """The built-in engine's model reads q/k/v from one stacked weight: moving the weights off
+    the GPU and back cuts the parameters from their stack, so wake_up stacks them again, with
+    what was loaded while asleep."""
+    engine = build_rollout_engine("torch", tiny_model_dir, seed=0, device="cuda")
+    name = "model.layers.0.self_attn.k_proj.weight"
+    new = torch.randn_like(dict(engine.export_weights())[name]).cpu()
+    engine.sleep()
+    engine.update_weights([(name, new)], 1)
+    engine.wake_up()
+    attn = engine.model.model.layers[0].self_attn
+    assert attn.fused is not None
+    rows = attn.q_proj.out_features
+    torch.testing.assert_close(attn.fused.weight[rows : rows + attn.k_proj.out_features].cpu(), new, rtol=0, atol=0)
+    assert attn.k_proj.weight.data_ptr() == attn.fused.weight[rows:].data_ptr()  # a view: later loads reach it
+
+
 @pytest.mark.parametrize("rollout", ROLLOUT)
 def test_abort_returns_partial_output(tiny_model_dir, rollout: str) -> None:
     """Abort from another thread mid-generation: every request returns its tokens so far."""
