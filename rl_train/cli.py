@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -223,11 +224,16 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _prelaunch(config: Config) -> None:
-    """Ask Ray for the run's actors now, for the trainer to take over (``flows/prelaunch.py``)."""
+    """Ask Ray for the run's actors now, for the trainer to take over (``flows/prelaunch.py``).
+    Best effort: where asking fails, the trainer asks again inside its flow run, which then
+    fails with the error and shows it (in Prefect's UI too)."""
     from rl_train.flows.prelaunch import prelaunch
     from rl_train.flows.registry import get_trainer_class
 
-    prelaunch(config, get_trainer_class(config.trainer.mode).worker_classes)
+    try:
+        prelaunch(config, get_trainer_class(config.trainer.mode).worker_classes)
+    except Exception as exc:  # noqa: BLE001 (reported by the trainer's own attempt)
+        logging.getLogger(__name__).debug("actors not asked for before the flow: %s", exc)
 
 
 def _abandon_prelaunched() -> None:

@@ -97,3 +97,18 @@ def test_nothing_is_launched_for_a_policy_that_does_not_exist_yet(
     config = _config(cfg)
     assert prelaunch.prelaunch(config, WorkerClasses()) is None  # no Ray needed: nothing asked
     assert prelaunch.adopt(config) is None
+
+
+def test_the_command_goes_on_when_asking_early_fails(
+    small_run_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asking before the flow is best effort: the trainer asks again inside its flow run, where
+    the error is the run's failure (and shows in Prefect's UI)."""
+    from rl_train import cli
+
+    def refuse(config: Config, classes: WorkerClasses) -> str:
+        raise RuntimeError("no placement for these actors")
+
+    monkeypatch.setattr(prelaunch, "prelaunch", refuse)
+    cli._prelaunch(_config(small_run_config))  # returns: nothing raised, nothing launched
+    assert prelaunch.adopt(_config(small_run_config)) is None
