@@ -15,7 +15,8 @@ from rl_train import startup_clock
 from rl_train.config import Config, ConfigError, config_to_yaml, mode_config_errors
 from rl_train.engines.agent.config import check_agent_loop
 from rl_train.engines.workers.errors import find_cause
-from rl_train.engines.workers.pools import LaunchedPools, WorkerClasses, WorkerPools, ensure_ray
+from rl_train.engines.workers.launched import LaunchedPools
+from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
 from rl_train.flows.checkpointing import DriverState, RunCheckpointer, read_driver_state
 from rl_train.flows.context import RunContext
 from rl_train.flows.prelaunch import adopt, new_run_id

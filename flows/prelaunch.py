@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_train.config import Config, mode_config_errors
-from rl_train.engines.workers.pools import LaunchedPools, WorkerClasses, WorkerPools
+from rl_train.engines.workers.launched import LaunchedPools
+from rl_train.engines.workers.pools import WorkerClasses, WorkerPools
 
 
 def new_run_id(config: Config) -> str:

@@ -19,10 +19,10 @@ from typing import Any
 import ray
 from ray.util.placement_group import remove_placement_group
 
-from rl_train import startup_clock
 from rl_train.engines.weight_sync.base import build_weight_sync_backend
 from rl_train.engines.workers.critic_worker import CriticWorker
 from rl_train.engines.workers.errors import RunGoneError
+from rl_train.engines.workers.launched import LaunchedPools, kill_launched
 from rl_train.engines.workers.named_actor import NamedActor
 from rl_train.engines.workers.placement import plan_placement, realize
 from rl_train.engines.workers.queue_worker import GREEDY_PARTITION, QueueWorker
@@ -239,7 +239,7 @@ class WorkerPools:
             )
             return LaunchedPools(pools, config.rollout.weight_sync, created, groups)
         except BaseException:
-            _kill(pools, created, groups)
+            kill_launched(pools, created, groups)
             raise
 
     @classmethod
@@ -562,61 +562,6 @@ class WorkerPools:
         for group in self._placement_groups:
             with contextlib.suppress(Exception):
                 remove_placement_group(group)
-
-
-@dataclass
-class LaunchedPools:
-    """A run's actors as ``WorkerPools.launch`` asked for them: starting, not yet waited for."""
-
-    pools: WorkerPools
-    weight_sync: Any
-    """The run's ``rollout.weight_sync`` section, opened once the actors are up."""
-    created: list[Any]
-    groups: list[Any]
-    _done: bool = field(default=False, repr=False)
-
-    def ready(self) -> WorkerPools:
-        """Wait until every actor is up, join each multi-rank pool at its rank 0's address,
-        open the weight sync and return the pools. On failure everything is killed (the
-        weight sync closed first) before raising. Once only."""
-        if self._done:
-            raise RuntimeError("these pools were already made ready or abandoned")
-        self._done = True
-        pools = self.pools
-        try:
-            for ranks in (pools.trainers, pools.critics):  # each pool meets on its rank 0's node
-                if len(ranks) > 1:
-                    address = ray.get(ranks[0].rendezvous_address.remote())
-                    _wait([rank.start.remote(address) for rank in ranks])
-            pools._incarnations = _wait([r.incarnation.remote() for r in pools.rollouts])
-            startup_clock.mark("rollout_ready")
-            pools._dp_ranks = _wait([t.data_parallel_rank.remote() for t in pools.trainers])
-            _wait([t.ping.remote() for t in (*pools.trainers, *pools.critics)])
-            startup_clock.mark("trainer_ready")
-            pools.open_weight_sync(self.weight_sync)
-            pools.warm_up()
-            return pools
-        except BaseException:
-            _kill(pools, self.created, self.groups)
-            raise
-
-    def abandon(self) -> None:
-        """Kill every actor and remove the placement groups (idempotent; a no-op after ``ready``)."""
-        if not self._done:
-            self._done = True
-            _kill(self.pools, self.created, self.groups)
-
-
-def _kill(pools: WorkerPools | None, created: list[Any], groups: list[Any]) -> None:
-    """Close what weight sync opened, kill every actor asked for and remove the placement groups."""
-    if pools is not None:
-        pools.shutdown()  # closes the sender and receivers opened so far, then kills
-    for handle in created:
-        with contextlib.suppress(Exception):
-            ray.kill(handle, no_restart=True)
-    for group in groups:
-        with contextlib.suppress(Exception):
-            remove_placement_group(group)
 
 
 def num_critic_ranks(critic: dict[str, Any]) -> int:
