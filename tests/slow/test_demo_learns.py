@@ -2,7 +2,7 @@
 called directly) reaches a 10-step mean training reward of 0.9 well inside its
 ``trainer.total_steps``, on three seeds, and holds it to the end.
 
-Each seed is a full demo run (about two minutes on two cores): select with ``-m slow``.
+Each seed is a full demo run (about two and a half minutes on two cores): select with ``-m slow``.
 ``bench/time_to_reward.py`` times the same runs through Prefect against the single-process
 baseline.
 """
