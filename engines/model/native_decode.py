@@ -1,0 +1,84 @@
+"""One decode step of the native model (one new token per row) without going through its modules.
+
+Why. At 256 rows of the demo's 64-wide policy a decode step is some 120 small kernels, and
+the modules' calls around them (``nn.Module.__call__``, the [B, 1, ...] views and transposes
+of a general forward, a separate kernel for each residual add) are a measurable share of it.
+This is the same step written as straight calls on the same weights: the residual adds are
+folded into the output projections' matmuls (``addmm``), and q, k and v stay [B, heads, D].
+Every kernel that computes a value is the one the module forward runs on the same numbers,
+in the same order, so the logits and the keys and values it writes to the cache are the
+module forward's (``tests/unit/test_native_decode.py`` holds it to that).
+
+It reads the stacked q/k/v and gate/up weights that ``fuse_projections`` makes (a rollout
+engine's model); ``can_decode_fast`` says whether a model has them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rl_train.engines.model.native import (
+    KVCache,
+    NativeCausalLM,
+    attention_mask_4d,
+    decode_attention,
+    decode_bias,
+    rope_tables,
+    swap_halves,
+)
+
+
+def can_decode_fast(model: nn.Module) -> bool:
+    """Whether ``decode_logits`` applies: a native model whose projections are fused."""
+    return isinstance(model, NativeCausalLM) and all(
+        layer.self_attn.fused is not None and layer.mlp.fused is not None for layer in model.model.layers
+    )
+
+
+@torch.inference_mode()
+def decode_logits(
+    model: NativeCausalLM,
+    ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    cache: KVCache,
+) -> torch.Tensor:
+    """Logits [B, V] of the token after each row's ``ids`` [B, 1] (at ``positions`` [B, 1]),
+    its keys and values appended to ``cache``: what ``model(ids, attention_mask, positions,
+    cache, logits_to_keep=1).logits[:, -1]`` returns, with ``attention_mask`` [B, past + 1]
+    (None: every key is seen)."""
+    if ids.dim() != 2 or ids.shape[1] != 1:
+        raise ValueError(f"decode_logits takes one token per row, ids of shape [B, 1]; got {tuple(ids.shape)}")
+    if not can_decode_fast(model):
+        raise ValueError("decode_logits needs a native model with fused projections (fuse_projections)")
+    backbone = model.model
+    batch, past = ids.shape[0], cache.length
+    x = F.embedding(ids[:, 0], backbone.embed_tokens.weight)  # [B, hidden]
+    cos, sin = rope_tables(positions, backbone.inv_freq, x.dtype)  # [B, 1, 1, D]
+    cos, sin = cos.view(batch, 1, -1), sin.view(batch, 1, -1)
+    bias = decode_bias(attention_mask_4d(attention_mask, past, 1, x.device))
+    for index, layer in enumerate(backbone.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        heads, kv_heads, dim = attn.heads, attn.kv_heads, attn.head_dim
+        rotated = heads + kv_heads
+        qkv = F.linear(layer.input_layernorm.forward(x), attn.fused.weight, attn.fused.bias)
+        qkv = qkv.view(batch, rotated + kv_heads, dim)
+        qk = qkv[:, :rotated]
+        qk = qk * cos + swap_halves(qk) * sin
+        keys, values = cache.append(index, qk[:, heads:, None], qkv[:, rotated:, None])
+        out = decode_attention(qk[:, :heads, None], keys, values, bias, dim**-0.5)
+        x = _add_projected(x, out.view(batch, heads * dim), attn.o_proj)
+        gate, up = F.linear(layer.post_attention_layernorm.forward(x), mlp.fused.weight, mlp.fused.bias).chunk(2, dim=-1)
+        x = _add_projected(x, F.silu(gate).mul_(up), mlp.down_proj)
+    cache.length = past + 1
+    return F.linear(backbone.norm.forward(x), model.lm_head.weight, model.lm_head.bias)
+
+
+def _add_projected(x: torch.Tensor, inputs: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """``x + linear(inputs)``: one ``addmm`` where the projection has no bias (the residual is
+    added to the product as the separate add would add it), else the two steps."""
+    if linear.bias is None:
+        return torch.addmm(x, inputs, linear.weight.t())
+    return x + F.linear(inputs, linear.weight, linear.bias)
