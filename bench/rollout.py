@@ -15,8 +15,9 @@ the requested number of new tokens) and both return the chosen tokens' log-probs
 
 Prompts are the demo task's (``single_digit_sum``: ``"3+4="``), encoded as the rollout
 worker encodes them (BOS, then the text's tokens). Tokens/s counts generated tokens only.
-Repetitions are interleaved (transformers, built-in, transformers, built-in, ...) after one
-warm-up of each, and the table reports medians, so that a noisy machine hurts both alike.
+Repetitions are interleaved (transformers then built-in, built-in then transformers, ...)
+after one warm-up of each, and the table reports medians, so that a noisy machine hurts both
+alike, and the median and range of each rep's own ratio (its two runs back to back).
 Both run in this process with the same torch thread count (``--threads``).
 
     python -m rl_train.bench.rollout                        # 1,024 x 4 and 256 x 32
@@ -61,6 +62,12 @@ class Case:
 
     def tokens_per_second(self, seconds: list[float]) -> float:
         return self.tokens / statistics.median(seconds) if seconds else float("nan")
+
+    def pair_ratios(self) -> list[float]:
+        """built-in / transformers tokens/s of each rep's two runs, taken back to back: the
+        machine's drift over the whole bench (its speed moves by a third within minutes
+        here) cancels within a pair."""
+        return [hf / engine for hf, engine in zip(self.hf_seconds, self.engine_seconds, strict=True)]
 
 
 @dataclass
@@ -155,10 +162,13 @@ def measure(case: Case, engine: TorchRolloutEngine, hf_model: Any, reps: int, wa
         check(case, engine_run(0), "built-in")
     hf_out = engine_out = None
     for rep in range(reps):
-        seconds, hf_out = timed(hf_run, rep + 1)
-        case.hf_seconds.append(seconds)
-        seconds, engine_out = timed(engine_run, rep + 1)
-        case.engine_seconds.append(seconds)
+        for side in ("hf", "engine") if rep % 2 == 0 else ("engine", "hf"):  # either side first, in turns
+            if side == "hf":
+                seconds, hf_out = timed(hf_run, rep + 1)
+                case.hf_seconds.append(seconds)
+            else:
+                seconds, engine_out = timed(engine_run, rep + 1)
+                case.engine_seconds.append(seconds)
         check(case, hf_out, "transformers")
         check(case, engine_out, "built-in")
     assert hf_out is not None and engine_out is not None
@@ -167,12 +177,15 @@ def measure(case: Case, engine: TorchRolloutEngine, hf_model: Any, reps: int, wa
 
 def format_table(cases: list[Case]) -> str:
     lines = [
-        "| prompts x new tokens | transformers tokens/s | built-in tokens/s | built-in / transformers |",
-        "|---|---|---|---|",
+        "| prompts x new tokens | transformers tokens/s | built-in tokens/s | built-in / transformers "
+        "| per pair: median (range) |",
+        "|---|---|---|---|---|",
     ]
     for c in cases:
         hf, engine = c.tokens_per_second(c.hf_seconds), c.tokens_per_second(c.engine_seconds)
-        lines.append(f"| {c.prompts:,} x {c.new_tokens} | {hf:,.0f} | {engine:,.0f} | {engine / hf:.2f}x |")
+        pairs = c.pair_ratios()
+        paired = f"{statistics.median(pairs):.2f}x ({min(pairs):.2f}-{max(pairs):.2f})" if pairs else "-"
+        lines.append(f"| {c.prompts:,} x {c.new_tokens} | {hf:,.0f} | {engine:,.0f} | {engine / hf:.2f}x | {paired} |")
     return "\n".join(lines)
 
 

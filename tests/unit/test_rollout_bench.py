@@ -41,3 +41,10 @@ def test_prompts_are_encoded_as_the_rollout_worker_encodes_them(policy_dir: Path
 def test_cases_parse(text: str, expected: tuple[int, int]) -> None:
     case = parse_case(text)
     assert (case.prompts, case.new_tokens) == expected
+
+
+def test_the_table_gives_each_pair_s_ratio_median_and_range() -> None:
+    case = Case(prompts=2, new_tokens=5, hf_seconds=[1.0, 2.0, 1.0], engine_seconds=[0.5, 0.5, 2.0])
+    assert case.pair_ratios() == [2.0, 4.0, 0.5]
+    row = format_table([case]).splitlines()[-1]
+    assert row == "| 2 x 5 | 10 | 20 | 2.00x | 2.00x (0.50-4.00) |"
