@@ -47,6 +47,8 @@ class ActorConfig(PolicyLossConfig):
     """Padded-token budget per training micro-batch (dynamic batching; None: no budget)."""
     infer_micro_batch_size: int | None = Field(None, ge=1)
     """Samples per forward-only micro-batch (old_log_prob, ref)."""
+    sort_by_length: bool = False
+    """torch engine: put rows of like length in the same micro-batch (every pass, the update included; results come back in the batch's order), cutting where the padding saved outweighs a micro-batch's fixed cost. Pays when lengths differ, as multi-turn trajectories' do; the sums the update makes are the same up to float rounding."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch per update."""
     ppo_mini_batch_size: int | None = Field(None, ge=1)
@@ -83,6 +85,11 @@ class ActorConfig(PolicyLossConfig):
             raise ValueError(
                 f"actor.fsdp shards the torch engine; actor.engine {self.engine!r} shards its own way "
                 "(megatron: its distributed optimizer)"
+            )
+        if self.sort_by_length and self.engine != "torch":
+            raise ValueError(
+                f"actor.sort_by_length reorders the torch engine's micro-batches; actor.engine is "
+                f"{self.engine!r}, which cuts its own (set actor.sort_by_length: false)"
             )
         if self.num_ranks % model_parallel:
             raise ValueError(

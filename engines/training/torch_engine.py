@@ -20,7 +20,7 @@ import torch.distributed as dist
 from rl_train.engines.model.loading import load_policy, save_policy
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.lazy_dynamo import optimizers_without_compiler, step_without_compiler
-from rl_train.engines.training.micro_batch import split_micro_batches
+from rl_train.engines.training.micro_batch import length_sorted_micro_batches, split_micro_batches
 from rl_train.engines.training.protocol import Batch, LossFn
 from rl_train.engines.training.snapshot import WeightSnapshots
 from rl_train.engines.training.token_outputs import token_entropy, token_log_probs
@@ -117,7 +117,7 @@ class TorchTrainingEngine:
         self.model.eval()
         width = batch["input_ids"].shape[1]
         parts: dict[str, list[torch.Tensor]] = {}
-        micro_batches = split_micro_batches(batch, self.cfg.infer_micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+        micro_batches, order = self._cut(batch, self.cfg.infer_micro_batch_size)
         for index, micro in enumerate(self._matched(micro_batches, batch)):
             outputs = self._forward(self._to_device(micro), with_entropy)
             if index >= len(micro_batches):
@@ -127,7 +127,18 @@ class TorchTrainingEngine:
         if not parts:  # no row here
             empty = torch.zeros(0, width)
             return {"log_probs": empty, **({"entropy": empty} if with_entropy else {})}
-        return {key: torch.cat(values) for key, values in parts.items()}
+        out = {key: torch.cat(values) for key, values in parts.items()}
+        if order is not None:  # back to the batch's order: row i of the passes is row order[i]
+            for key, value in out.items():
+                out[key] = torch.empty_like(value).index_copy_(0, order, value)
+        return out
+
+    def _cut(self, batch: Batch, rows: int | None) -> tuple[list[Batch], torch.Tensor | None]:
+        """The micro-batches of a pass, and the order of their rows in ``batch`` when
+        ``actor.sort_by_length`` reorders them (None: the batch's own order)."""
+        if self.cfg.sort_by_length:
+            return length_sorted_micro_batches(batch, rows, self.cfg.max_tokens_per_micro_batch)
+        return split_micro_batches(batch, rows, self.cfg.max_tokens_per_micro_batch), None
 
     def _matched(self, micro_batches: list[Batch], batch: Batch) -> list[Batch]:
         """Sharded, every rank must run as many forward passes (each gathers the weights of
@@ -153,9 +164,7 @@ class TorchTrainingEngine:
         numerator_total = torch.zeros((), dtype=torch.float64)
         denominator_total = torch.zeros((), dtype=torch.float64)
         weighted: dict[str, float] = {}
-        micro_batches = split_micro_batches(
-            batch, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch
-        )
+        micro_batches, _ = self._cut(batch, self.cfg.micro_batch_size)  # the sums ignore row order
         passes = self._matched(micro_batches, batch)
         for index, micro in enumerate(passes):
             micro = self._to_device(micro)
