@@ -26,7 +26,9 @@ the trainer's first hook (before any warm-up dispatch) to the end of each step, 
 sync, measured in this run, plus the staleness (versions behind), evictions, rollout idle
 fraction and trainer wait of each mode, the reward reached, and the wall time to a
 ``--window``-step mean training reward of ``--target`` (with its ratio to sync's: the
-learning a mode's throughput buys, stale samples included).
+learning a mode's throughput buys, stale samples included). A second table gives each
+mode's median seconds a step in each phase, and the rollout's busy seconds: where the time of
+a step goes, so the bottleneck shows.
 
     python -m rl_train.bench.async_vs_sync                     # defaults below
     python -m rl_train.bench.async_vs_sync --steps 40 --median-seconds 0.2
@@ -42,7 +44,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -152,7 +154,30 @@ def run_mode(mode: str, config: Config, target: float, window: int) -> dict[str,
         "seconds_to_target": Timed.step_ends[reached - 1] if reached else None,
         "tool_calls_per_trajectory": mean(m.get("agent/tool_calls_mean", 0.0) for m in history),
         "rewards": rewards,
+        "phases": phase_medians(history),
     }
+
+
+PHASES = ("step", "generate", "old_log_prob", "ref", "update", "weight_sync")
+"""The phases of the per-step table; ``generate`` is the trainer's wait for its batch."""
+
+
+def phase_medians(history: list[dict[str, float]]) -> dict[str, float]:
+    """Median seconds per step of each phase and of the rollout's busy time, leaving out the
+    first two steps (each actor's first passes, and an async mode's pipeline filling)."""
+    steady = history[2:] or history
+    keys = [f"timing/{phase}" for phase in PHASES] + ["rollout/busy_seconds"]
+    return {key: median(m[key] for m in steady if key in m) for key in keys if any(key in m for m in steady)}
+
+
+def format_phases(rows: list[dict[str, Any]]) -> str:
+    keys = [f"timing/{phase}" for phase in PHASES] + ["rollout/busy_seconds"]
+    header = " | ".join(key.split("/")[-1] for key in keys)
+    lines = [f"| mode | {header} |", "| --- |" + " --- |" * len(keys)]
+    for r in rows:
+        cells = " | ".join(f"{r['phases'][key]:.2f}" if key in r.get("phases", {}) else "-" for key in keys)
+        lines.append(f"| {r['mode']} | {cells} |")
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict[str, Any]], target: float = 0.9, window: int = 10) -> str:
@@ -210,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.steps} steps x {args.batch} groups x {args.n} samples per mode; {os.cpu_count()} CPUs"
     )
     print(format_table(rows, args.target, args.window))
+    print("\nmedian seconds a step (steps 3 on; generate: the trainer's wait for its batch; busy: the rollout's)")
+    print(format_phases(rows))
 
 
 if __name__ == "__main__":

@@ -78,3 +78,16 @@ def test_time_to_reward_is_the_first_full_window_at_the_target() -> None:
 def test_convergence_bench_mode_variants_load(variant: str) -> None:
     config = load_config(REPO / "configs" / "arith-tiny.yaml", VARIANTS[variant])
     assert config.trainer.mode == variant
+
+
+def test_the_phase_table_gives_median_seconds_from_the_third_step() -> None:
+    from rl_train.bench.async_vs_sync import format_phases, phase_medians
+
+    history = [{"timing/step": 9.0, "timing/update": 5.0}] * 2 + [
+        {"timing/step": s, "timing/update": u, "rollout/busy_seconds": 1.0} for s, u in [(4.0, 2.0), (3.0, 1.0), (5.0, 3.0)]
+    ]
+    phases = phase_medians(history)
+    assert phases == {"timing/step": 4.0, "timing/update": 2.0, "rollout/busy_seconds": 1.0}
+    table = format_phases([{"mode": "sync", "phases": phases}])
+    assert table.splitlines()[0].startswith("| mode | step | generate | old_log_prob | ref | update |")
+    assert table.splitlines()[2] == "| sync | 4.00 | - | - | - | 2.00 | - | 1.00 |"
