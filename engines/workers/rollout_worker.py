@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from typing import Any
@@ -19,6 +18,7 @@ from rl_train.engines.weight_sync.base import WeightReceiver
 from rl_train.engines.workers.generation_loop import GenerationLoop
 from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.engines.workers.placement import check_device
+from rl_train.engines.workers.turn_taking import TurnTakingEngine
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
 
@@ -45,37 +45,6 @@ def agent_fields(trajectory: Any) -> dict[str, Any]:
         "agent_turns": trajectory.turns,
         "tool_calls": [[call.name, call.error, call.seconds] for call in trajectory.tool_calls],
     }
-
-
-class TurnTakingEngine:
-    """The replica's engine as its agent loops see it: generate calls take turns (batches in flight
-    share one engine), and the time spent generating is counted as the replica's busy time."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-        self._turn = threading.Lock()
-        self._count = threading.Lock()
-        """Guards ``busy_seconds`` alone: reading it never waits for a generate call to end."""
-        self.busy_seconds = 0.0
-
-    def generate(self, requests: list[Any], params: SamplingParams) -> list[Any]:
-        with self._turn:
-            started = time.perf_counter()
-            try:
-                return self._engine.generate(requests, params)
-            finally:
-                with self._count:
-                    self.busy_seconds += time.perf_counter() - started
-
-    def pop_busy_seconds(self) -> float:
-        """Seconds of the generate calls that ended since the last call (one in flight counts
-        once it ends)."""
-        with self._count:
-            busy, self.busy_seconds = self.busy_seconds, 0.0
-        return busy
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
 
 
 class RolloutWorker:
@@ -302,8 +271,9 @@ class RolloutWorker:
 
     def pop_activity(self) -> dict[str, float]:
         """Engine-busy seconds since the last call (the rest of the wall time rollout was idle),
-        and the groups whose tool calls are still running."""
-        return {"busy_seconds": self.turns.pop_busy_seconds(), "groups_awaiting_tools": float(self.tool_calls.pending())}
+        the engine batches run and their requests, and the groups whose tool calls are still
+        running."""
+        return {**self.turns.pop_counts(), "groups_awaiting_tools": float(self.tool_calls.pending())}
 
     # -- lifecycle and weights ----------------------------------------------------------
     def sleep(self) -> None:

@@ -141,6 +141,7 @@ def test_colocate_async_three_steps_through_prefect_staleness_at_most_one(
     for m in metrics:
         assert m["replay/staleness_max"] <= 1, m
         assert 0.0 <= m["rollout/idle_fraction"] < 1.0 and m["rollout/busy_seconds"] > 0
+        assert m["rollout/rows_per_engine_batch"] >= 1.0  # requests per engine batch run
         assert m["rollout/version/0"] == m["step"]  # the replica serves the weights just pushed
         assert 0.0 <= m["reward/mean"] <= 1.0 and "actor/loss" in m
     assert metrics[1]["replay/staleness_max"] == 1  # step 2 trains the prefetched, version-0 groups
