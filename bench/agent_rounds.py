@@ -35,7 +35,8 @@ def run_batch(engine: Any, loop_cls: Any, limits: Any, starts: list[tuple[str, l
         seconds = time.perf_counter() - started
         prefilled = sum(len(r.prompt_ids) + len(r.response_prefix) for r in requests)
         generated = sum(len(res.response_ids) - len(req.response_prefix) for req, res in zip(requests, results, strict=True))
-        calls.append((bool(requests[0].response_prefix), len(requests), prefilled, generated, seconds))
+        continuation = any(r.response_prefix for r in requests)
+        calls.append((continuation, len(requests), prefilled, generated, seconds))
         return results
 
     own = "generate" in vars(engine)
@@ -109,7 +110,10 @@ def main(argv: list[str] | None = None) -> None:
             f"| {m['first_prefilled']:.0f} / {m['after_tool_prefilled']:.0f} |"
         )
     tail, flat = (median(r["after_tool_seconds"] for r in sides[s]) for s in sides)
-    print(f"turns after a tool: {tail / flat:.2f}x the engine time with the tail as with every answer at once")
+    if flat > 0:
+        print(f"turns after a tool: {tail / flat:.2f}x the engine time with the tail as with every answer at once")
+    else:
+        print("no turn followed a tool call (max_turns 1, or no call parsed)")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rl_train.algorithms.config import PolicyLossConfig, StrictModel
+from rl_train.algorithms.config import PER_MICRO_BATCH_LOSSES, PolicyLossConfig, StrictModel
 from rl_train.engines.training.registry import TrainingEngineName
 
 
@@ -48,7 +48,7 @@ class ActorConfig(PolicyLossConfig):
     infer_micro_batch_size: int | None = Field(None, ge=1)
     """Samples per forward-only micro-batch (old_log_prob, ref)."""
     sort_by_length: bool = False
-    """torch engine: put rows of like length in the same micro-batch (every pass, the update included; results come back in the batch's order), cutting where the padding saved outweighs a micro-batch's fixed cost. Pays when lengths differ, as multi-turn trajectories' do; the sums the update makes are the same up to float rounding."""
+    """torch engine: put rows of like length in the same micro-batch (every pass, the update included; results come back in the batch's order), cutting where the padding saved outweighs a micro-batch's fixed cost. Pays when lengths differ, as multi-turn trajectories' do; the sums the update makes are the same up to float rounding (refused with clip_cov and kl_cov, whose statistics are per micro-batch)."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch per update."""
     ppo_mini_batch_size: int | None = Field(None, ge=1)
@@ -90,6 +90,12 @@ class ActorConfig(PolicyLossConfig):
             raise ValueError(
                 f"actor.sort_by_length reorders the torch engine's micro-batches; actor.engine is "
                 f"{self.engine!r}, which cuts its own (set actor.sort_by_length: false)"
+            )
+        if self.sort_by_length and self.policy_loss in PER_MICRO_BATCH_LOSSES:
+            raise ValueError(
+                f"actor.sort_by_length changes which rows share a micro-batch, and actor.policy_loss "
+                f"{self.policy_loss!r} takes its statistics per micro-batch: it would train differently "
+                "(set actor.sort_by_length: false)"
             )
         if self.num_ranks % model_parallel:
             raise ValueError(

@@ -72,6 +72,11 @@ def length_sorted_micro_batches(
     return micro_batches, order
 
 
+MAX_CUT_CANDIDATES = 256
+"""The most places a cut may fall (the programme is quadratic in them, in Python): a batch with
+more distinct lengths, or more rows under a row cap, is cut only at evenly spaced ones."""
+
+
 def padding_cuts(
     sorted_lengths: list[int], max_rows: int | None = None, overhead_tokens: int | None = None
 ) -> list[tuple[int, int]]:
@@ -81,18 +86,25 @@ def padding_cuts(
     The default overhead is 1/32 of the real tokens, at least 64: a cut has to save about 3%
     of the batch's work (one forward's fixed cost on the CPU is about 70 tokens' worth for the
     built-in policy). A dynamic programme: over the runs of equal length when no range is
-    capped (a cut inside a run never pays then), over the rows within ``max_rows`` otherwise.
+    capped (a cut inside a run never pays then), over the rows within ``max_rows`` otherwise;
+    past ``MAX_CUT_CANDIDATES`` places to cut, over evenly spaced ones (near the best, not it).
     """
     rows = len(sorted_lengths)
     if not rows:
         return []
     if overhead_tokens is None:
         overhead_tokens = max(64, sum(sorted_lengths) // 32)
-    if max_rows is None or max_rows >= rows:
+    cap = max_rows or rows
+    if cap >= rows:
         ends = [i + 1 for i in range(rows) if i + 1 == rows or sorted_lengths[i + 1] != sorted_lengths[i]]
     else:
         ends = list(range(1, rows + 1))
-    cap = max_rows or rows
+    if len(ends) > MAX_CUT_CANDIDATES and rows <= cap * MAX_CUT_CANDIDATES:
+        # thin the places a cut may fall to evenly spaced ones, each range still within the cap
+        stride = len(ends) / MAX_CUT_CANDIDATES
+        ends = sorted({ends[min(round((k + 1) * stride), len(ends)) - 1] for k in range(MAX_CUT_CANDIDATES)})
+        if any(b - a > cap for a, b in zip([0, *ends[:-1]], ends, strict=True)):
+            ends = list(range(1, rows + 1))
     starts = [0, *ends[:-1]]  # candidate range starts, each with its index in ends
     best = [0.0] + [math.inf] * len(ends)  # best[j]: the cheapest cover of rows [0, ends[j - 1])
     cut_before = [0] * (len(ends) + 1)

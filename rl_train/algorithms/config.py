@@ -198,6 +198,11 @@ class AlgorithmConfig(StrictModel):
         return _check_registered("rl_train.algorithms.advantage", "ADV_ESTIMATORS", name)
 
 
+PER_MICRO_BATCH_LOSSES = ("clip_cov", "kl_cov")
+"""Policy losses whose statistics are taken per micro-batch (``policy_loss_cov``): which rows
+share a micro-batch changes what they train."""
+
+
 class PolicyLossConfig(StrictModel):
     policy_loss: str = "vanilla"
     """Registered policy loss (rl_train.algorithms.policy_loss.POLICY_LOSSES)."""

@@ -55,6 +55,20 @@ def test_the_cuts_are_the_cheapest_cover_of_the_runs(cap: int | None) -> None:
         assert _cost(lengths, got, overhead) == best, (lengths, cap, overhead, got)
 
 
+@pytest.mark.parametrize("cap", [None, 3, 64])
+def test_a_batch_of_thousands_of_lengths_is_cut_within_the_cap_at_a_cost_near_the_best(cap: int | None) -> None:
+    rng = random.Random(7)
+    lengths = sorted(rng.randint(20, 4000) for _ in range(3000))  # ~2,000 distinct lengths
+    got = padding_cuts(lengths, cap, 64)
+    _check_cover(got, len(lengths), cap)
+    whole = _cost(lengths, [(lo, min(lo + (cap or len(lengths)), len(lengths))) for lo in range(0, len(lengths), cap or len(lengths))], 64)
+    cost = _cost(lengths, got, 64)
+    assert cost <= whole  # never worse than cutting the sorted rows by count alone
+    assert cost < 1.15 * sum(lengths)  # and near the real tokens
+    if cap is None:
+        assert cost < 0.7 * whole  # far below one micro-batch padded to the longest row
+
+
 def _ranges(cuts: tuple[bool, ...], rows: int) -> list[tuple[int, int]]:
     bounds = [0, *[i + 1 for i, cut in enumerate(cuts) if cut], rows]
     return list(itertools.pairwise(bounds))
@@ -132,3 +146,10 @@ def test_sorted_passes_give_the_batch_order_log_probs_and_gradients(tiny_model_d
 def test_sort_by_length_is_refused_for_an_engine_that_cuts_its_own() -> None:
     with pytest.raises(ValidationError, match="actor.sort_by_length .* 'megatron'"):
         ActorConfig(engine="megatron", sort_by_length=True)
+
+
+@pytest.mark.parametrize("loss", ["clip_cov", "kl_cov"])
+def test_sort_by_length_is_refused_for_losses_with_per_micro_batch_statistics(loss: str) -> None:
+    with pytest.raises(ValidationError, match=f"actor.policy_loss '{loss}' takes its statistics per micro-batch"):
+        ActorConfig(policy_loss=loss, sort_by_length=True)
+    ActorConfig(policy_loss=loss)  # without sorting it stands
