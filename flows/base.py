@@ -321,8 +321,8 @@ class BaseTrainer(ABC):
             "rollout/idle_fraction": max(0.0, 1.0 - busy / wall_seconds) if wall_seconds > 0 else 0.0,
             "rollout/groups_awaiting_tools": sum(a["groups_awaiting_tools"] for a in activity),
             # requests per engine batch: a multi-turn loop's rounds are small unless batched
-            "rollout/rows_per_engine_batch": sum(a.get("engine_rows", 0.0) for a in activity)
-            / max(sum(a.get("engine_batches", 0.0) for a in activity), 1.0),
+            "rollout/rows_per_engine_batch": sum(a["engine_rows"] for a in activity)
+            / max(sum(a["engine_batches"] for a in activity), 1.0),
         }
 
     def _print_progress(self, m: dict[str, Any]) -> None:

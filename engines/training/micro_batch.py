@@ -39,12 +39,16 @@ def split_micro_batches(
             end += 1
         bounds.append((start, end))
         start = end
+    return cut_rows(batch, bounds, lengths)
+
+
+def cut_rows(batch: Batch, bounds: list[tuple[int, int]], lengths: list[int]) -> list[Batch]:
+    """The row ranges ``bounds`` of ``batch``, each trimmed to its longest row's ``lengths``."""
     micro_batches = []
     for lo, hi in bounds:
         width = int(max(lengths[lo:hi]))
         micro_batches.append({k: v[lo:hi, :width] if v.dim() >= 2 else v[lo:hi] for k, v in batch.items()})
     return micro_batches
-
 
 
 def length_sorted_micro_batches(
@@ -65,11 +69,7 @@ def length_sorted_micro_batches(
     if max_tokens_per_micro_batch is not None:
         return split_micro_batches(ordered, micro_batch_size, max_tokens_per_micro_batch), order
     sorted_lengths = [int(length) for length in lengths[order].tolist()]
-    micro_batches = []
-    for lo, hi in padding_cuts(sorted_lengths, micro_batch_size):
-        width = sorted_lengths[hi - 1]
-        micro_batches.append({k: v[lo:hi, :width] if v.dim() >= 2 else v[lo:hi] for k, v in ordered.items()})
-    return micro_batches, order
+    return cut_rows(ordered, padding_cuts(sorted_lengths, micro_batch_size), sorted_lengths), order
 
 
 MAX_CUT_CANDIDATES = 256
@@ -84,8 +84,7 @@ def padding_cuts(
     minimise the padded tokens of all the ranges plus ``overhead_tokens`` per range.
 
     The default overhead is 1/32 of the real tokens, at least 64: a cut has to save about 3%
-    of the batch's work (one forward's fixed cost on the CPU is about 70 tokens' worth for the
-    built-in policy). A dynamic programme: over the runs of equal length when no range is
+    of the batch's work (each micro-batch is one more forward, with its fixed cost). A dynamic programme: over the runs of equal length when no range is
     capped (a cut inside a run never pays then), over the rows within ``max_rows`` otherwise;
     past ``MAX_CUT_CANDIDATES`` places to cut, over evenly spaced ones (near the best, not it).
     """
