@@ -6,8 +6,10 @@ rollout replica runs it: with every tool call delayed by the bench's heavy-taile
 the same batch with no delay (every answer at once: one engine batch per turn), in turns. For
 each it prints the engine calls, requests per call, and the engine's busy seconds split into
 first turns and continuations (a continuation's context is the prompt, the turns so far and
-the tool's answer: the engine prefills all of it again before generating the next turn), with
-the tokens generated and the context tokens prefilled by each.
+the tool's answer), with the tokens generated and the context tokens prefilled by each. Each
+side runs twice, on two engines in turns: one that keeps a trajectory's keys and values between
+its turns (``rollout.keep_kv_mib``, the default: a continuation prefills the tool's answer
+only) and one that keeps none (``keep_kv_mib=0``: it prefills the whole context again).
 
     python -m rl_train.bench.agent_rounds                 # 8 prompts x 8 samples, 5 rounds
     python -m rl_train.bench.agent_rounds --prompts 32 --median-seconds 0.2
@@ -25,20 +27,28 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _reused(engine: Any) -> int:
+    """Context tokens the engine's kept keys and values have spared it prefilling, so far."""
+    return int(getattr(getattr(engine, "kept", None), "reused_tokens", 0))
+
+
 def run_batch(engine: Any, loop_cls: Any, limits: Any, starts: list[tuple[str, list[int]]], params: Any) -> dict[str, float]:
     calls: list[tuple[bool, int, int, int, float]] = []  # continuation, rows, prefilled, generated, seconds
     generate = engine.generate
 
     def timed(requests: list[Any], sampling: Any) -> list[Any]:
+        reused = _reused(engine)
         started = time.perf_counter()
         results = generate(requests, sampling)
         seconds = time.perf_counter() - started
-        prefilled = sum(len(r.prompt_ids) + len(r.response_prefix) for r in requests)
+        prefilled = sum(len(r.prompt_ids) + len(r.response_prefix) for r in requests) - (_reused(engine) - reused)
         generated = sum(len(res.response_ids) - len(req.response_prefix) for req, res in zip(requests, results, strict=True))
         continuation = any(r.response_prefix for r in requests)
         calls.append((continuation, len(requests), prefilled, generated, seconds))
         return results
 
+    if hasattr(engine, "reset_prefix_cache"):
+        engine.reset_prefix_cache()  # the sides share trajectory ids: nothing kept crosses from one to another
     own = "generate" in vars(engine)
     engine.generate = timed
     try:
@@ -81,11 +91,17 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, [])
     os.chdir(REPO)  # the config's paths are the repository's
-    engine = TorchRolloutEngine(cfg.model.path, seed=cfg.run.seed)
+    engines = {
+        "kept KV": TorchRolloutEngine(cfg.model.path, seed=cfg.run.seed),
+        "re-prefill": TorchRolloutEngine(cfg.model.path, seed=cfg.run.seed, keep_kv_mib=0),
+    }
+    engine = engines["kept KV"]
     rows = pq.read_table(Path(cfg.data.data_dir) / "train.parquet").to_pylist()
     agent = cfg.rollout.agent
     params = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
-    sides: dict[str, list[dict[str, float]]] = {"tool tail": [], "no delay": []}
+    sides: dict[tuple[str, str], list[dict[str, float]]] = {
+        (side, kind): [] for side in ("tool tail", "no delay") for kind in engines
+    }
     for round_ in range(args.rounds):
         chosen = rows[(round_ * args.prompts) % len(rows) :][: args.prompts]
         bos = [engine.tokenizer.bos_token_id]
@@ -95,25 +111,37 @@ def main(argv: list[str] | None = None) -> None:
             for j in range(args.n)
         ]
         order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
-        for side in order:
+        for side, kind in order:
             latency = args.median_seconds if side == "tool tail" else 0.0
             limits = AgentLimits(agent.max_turns, agent.max_response_tokens, agent.tool_timeout_s, latency, args.sigma)
-            sides[side].append(run_batch(engine, ToolAgentLoop, limits, starts, params))
+            sides[(side, kind)].append(run_batch(engines[kind], ToolAgentLoop, limits, starts, params))
     print(f"{args.prompts} prompts x {args.n} samples, {args.rounds} rounds a side, medians; {args.threads} thread(s)")
-    print("| side | wall s | engine calls | requests / call | first turns s | after a tool s | tokens generated (first / after) | context tokens prefilled (first / after) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for side, runs in sides.items():
+    print("| side | engine | wall s | engine calls | requests / call | first turns s | after a tool s | tokens generated (first / after) | context tokens prefilled (first / after) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (side, kind), runs in sides.items():
         m = {key: median(r[key] for r in runs) for key in runs[0]}
         print(
-            f"| {side} | {m['wall']:.2f} | {m['calls']:.0f} | {m['rows_per_call']:.1f} | {m['first_seconds']:.3f} "
+            f"| {side} | {kind} | {m['wall']:.2f} | {m['calls']:.0f} | {m['rows_per_call']:.1f} | {m['first_seconds']:.3f} "
             f"| {m['after_tool_seconds']:.3f} | {m['first_generated']:.0f} / {m['after_tool_generated']:.0f} "
             f"| {m['first_prefilled']:.0f} / {m['after_tool_prefilled']:.0f} |"
         )
-    tail, flat = (median(r["after_tool_seconds"] for r in sides[s]) for s in sides)
+    for side in ("tool tail", "no delay"):
+        kept, again = sides[(side, "kept KV")], sides[(side, "re-prefill")]
+        after = [k["after_tool_seconds"] / a["after_tool_seconds"] for k, a in zip(kept, again, strict=True) if a["after_tool_seconds"] > 0]
+        total = [
+            (k["first_seconds"] + k["after_tool_seconds"]) / (a["first_seconds"] + a["after_tool_seconds"])
+            for k, a in zip(kept, again, strict=True)
+        ]
+        if after:
+            print(
+                f"{side}: kept KV / re-prefill, medians of the rounds' ratios: turns after a tool {median(after):.2f}x "
+                f"the engine time, all turns {median(total):.2f}x"
+            )
+        else:
+            print(f"{side}: no turn followed a tool call (max_turns 1, or no call parsed)")
+    tail, flat = (median(r["after_tool_seconds"] for r in sides[(s, "kept KV")]) for s in ("tool tail", "no delay"))
     if flat > 0:
-        print(f"turns after a tool: {tail / flat:.2f}x the engine time with the tail as with every answer at once")
-    else:
-        print("no turn followed a tool call (max_turns 1, or no call parsed)")
+        print(f"turns after a tool, kept KV: {tail / flat:.2f}x the engine time with the tail as with every answer at once")
 
 
 if __name__ == "__main__":

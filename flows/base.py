@@ -323,6 +323,8 @@ class BaseTrainer(ABC):
             # requests per engine batch: a multi-turn loop's rounds are small unless batched
             "rollout/rows_per_engine_batch": sum(a["engine_rows"] for a in activity)
             / max(sum(a["engine_batches"] for a in activity), 1.0),
+            # context tokens a turn after a tool did not prefill again (kept keys and values)
+            "rollout/kv_reused_tokens": sum(a.get("kv_reused_tokens", 0.0) for a in activity),
         }
 
     def _print_progress(self, m: dict[str, Any]) -> None:

@@ -105,6 +105,10 @@ class RolloutConfig(StrictModel):
     """Where the built-in engine's replicas run: cuda gives each replica a GPU (its own in separate_async, shared with a training rank in the colocated modes)."""
     num_threads: int = Field(2, ge=1)
     """torch intra-op threads per replica."""
+    keep_kv_mib: int = Field(512, ge=0)
+    """Built-in engine: MiB per replica of keys and values a multi-turn trajectory keeps between
+    its turns, so that a turn after a tool prefills only the tool's answer (0: keep none,
+    prefill the whole context each turn). Dropped whenever the weights change."""
     val_temperature: float = Field(0.0, ge=0)
     """Temperature of validation sampling (0 = greedy)."""
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
@@ -118,10 +122,10 @@ class RolloutConfig(StrictModel):
 
     def engine_options(self, model_impl: str = "auto") -> dict[str, Any] | None:
         """The chosen engine's own section, as its builder takes it: ``rollout.sglang`` for
-        sglang, the model's implementation (``model.impl``) for torch."""
+        sglang; for torch the model's implementation (``model.impl``) and ``keep_kv_mib``."""
         if self.engine == "sglang":
             return self.sglang.model_dump()
-        return {"model_impl": model_impl} if self.engine == "torch" else None
+        return {"model_impl": model_impl, "keep_kv_mib": self.keep_kv_mib} if self.engine == "torch" else None
 
     @field_validator("temperature")
     @classmethod

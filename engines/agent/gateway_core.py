@@ -162,7 +162,9 @@ class GatewayCore:
         budget = session.max_response_tokens if limit is None else min(session.max_response_tokens, len(trajectory.response_ids) + limit)
         params = SamplingParams(temperature, top_p, budget, seed)
         trajectory.states.append(AgentState.GENERATING)
-        result = self.generate(GenerationRequest(session.session_id, trajectory.prompt_ids, list(trajectory.response_ids)), params)
+        keep = trajectory.turns + 1 < session.max_turns  # the session may come back for another turn
+        request = GenerationRequest(session.session_id, trajectory.prompt_ids, list(trajectory.response_ids), keep_kv=keep)
+        result = self.generate(request, params)
         new_ids = list(result.response_ids[len(trajectory.response_ids) :])
         trajectory.add_generated(new_ids, list(result.log_probs), list(result.token_versions))
         trajectory.stop_reason = result.stop_reason

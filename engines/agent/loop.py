@@ -25,7 +25,8 @@ replica is held for a weight sync) ends the trajectories still in flight as ``ab
 rather than after their tools answer.
 
 The sequence is never re-tokenized: the ids the engine produced are kept as they are, and only
-each new observation is encoded. ``first_drift`` shows where a re-tokenization of the whole text
+each new observation is encoded. A turn that may be followed by another asks the engine to
+keep its keys and values (``keep_kv``): the next turn then prefills only the tool's answer. ``first_drift`` shows where a re-tokenization of the whole text
 would disagree with them (a decoder that drops a special token or a space does).
 """
 
@@ -197,7 +198,11 @@ class ToolAgentLoop:
         """One engine batch; each turn that calls a tool starts the call. True when it was aborted."""
         for trajectory in generating:
             trajectory.states.append(AgentState.GENERATING)
-        requests = [GenerationRequest(t.request_id, t.prompt_ids, list(t.response_ids)) for t in generating]
+        last_turn = self.limits.max_turns - 1
+        requests = [
+            GenerationRequest(t.request_id, t.prompt_ids, list(t.response_ids), keep_kv=t.turns < last_turn)
+            for t in generating
+        ]
         aborted = False
         for trajectory, result in zip(generating, self.engine.generate(requests, params), strict=True):
             new_ids = self._append_turn(trajectory, result)

@@ -184,6 +184,14 @@ class KVCache:
         self.values[layer][:, :, start:end] = value
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
+    def adopt(self, keys: list[torch.Tensor], values: list[torch.Tensor], length: int) -> None:
+        """Start from these buffers per layer [B, KV heads, room, D], whose first ``length``
+        positions hold keys and values kept from earlier forwards: the next forward feeds
+        position ``length`` on."""
+        if self.keys:
+            raise ValueError("adopt is for an empty cache")
+        self.keys, self.values, self.length = list(keys), list(values), length
+
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep the rows ``index`` [B'] of every layer, in that order and repeats allowed (the
         cache of distinct prompts becomes the cache of a batch that repeats them)."""

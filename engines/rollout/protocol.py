@@ -53,6 +53,10 @@ class GenerationRequest:
     prompt_ids: list[int]
     response_prefix: list[int] = field(default_factory=list)
     """Tokens already generated (a partial rollout to continue under the current weights)."""
+    keep_kv: bool = False
+    """The caller will come back with this request id and a context that starts with this
+    one's and its result's (the next turn of a trajectory): an engine may keep what it computed
+    for them until then. A hint only: the results are the same either way."""
 
 
 @dataclass

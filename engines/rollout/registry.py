@@ -27,11 +27,15 @@ class RolloutEngineBuilder(Protocol):
 def _build_torch(
     model_path: str | Path, *, seed: int, device: str, options: dict[str, Any] | None
 ) -> RolloutEngine:
-    """``options``: ``{"model_impl": ...}`` (``model.impl``), or None for auto."""
+    """``options``: ``{"model_impl": ..., "keep_kv_mib": ...}`` (``model.impl``,
+    ``rollout.keep_kv_mib``), or None for the defaults."""
+    from rl_train.engines.rollout.kept_kv import DEFAULT_MAX_MIB
     from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
 
-    impl = str((options or {}).get("model_impl", "auto"))
-    return TorchRolloutEngine(model_path, seed=seed, device=device, model_impl=impl)
+    options = options or {}
+    impl = str(options.get("model_impl", "auto"))
+    keep = int(options.get("keep_kv_mib", DEFAULT_MAX_MIB))
+    return TorchRolloutEngine(model_path, seed=seed, device=device, model_impl=impl, keep_kv_mib=keep)
 
 
 def _build_sglang(

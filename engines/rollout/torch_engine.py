@@ -7,7 +7,9 @@ concurrency > 1): the decode loop stops at the next token and every request retu
 has with stop_reason "aborted".
 
 Memory. The KV cache of a batch lives only while the batch decodes: it is built for the
-batch and dropped when the batch returns, so an idle engine holds no KV memory at all.
+batch and dropped when the batch returns. What outlives a batch is what requests asked to
+keep for their next turn (``GenerationRequest.keep_kv``, ``kept_kv.py``): their own tokens'
+keys and values, copied out, bounded by ``keep_kv_mib`` and dropped whenever the weights change.
 ``sleep`` and ``release_kv_cache`` therefore free the cache by aborting in-flight batches and
 waiting until none is left (a cache is never offloaded: it would be stale after the next
 weight sync anyway). ``sleep`` then moves the weights (parameters and buffers) to host
@@ -30,6 +32,7 @@ import torch
 from rl_train.engines.model.loading import is_native, load_policy, new_kv_cache
 from rl_train.engines.model.native import fuse_projections, unfuse_projections
 from rl_train.engines.model.native_decode import can_decode_fast, decode_logits
+from rl_train.engines.rollout.kept_kv import DEFAULT_MAX_MIB, KeptEntry, KeptKV, assemble, gather_group
 from rl_train.engines.rollout.protocol import (
     EngineStateError,
     GenerationRequest,
@@ -54,6 +57,7 @@ class TorchRolloutEngine:
         max_batch_size: int = 1024,
         device: str = "cpu",
         model_impl: str = "auto",
+        keep_kv_mib: int = DEFAULT_MAX_MIB,
     ) -> None:
         self.device = torch.device(device)
         model, self.tokenizer = load_policy(model_path, impl=model_impl)
@@ -82,6 +86,8 @@ class TorchRolloutEngine:
         self._in_flight = 0
         self._asleep = False
         self._kv_released = False
+        self.kept = KeptKV(keep_kv_mib << 20 if self._native else 0)
+        """Keys and values requests kept for their next turn (the native model's cache only)."""
 
     def sampling_state(self) -> torch.Tensor:
         return self._generator.get_state()
@@ -113,26 +119,98 @@ class TorchRolloutEngine:
     def _generate_batch(
         self, requests: list[GenerationRequest], params: SamplingParams, generator: torch.Generator
     ) -> list[GenerationResult]:
-        """Decode one left-padded batch; its KV cache is a local and dies with this call."""
+        """Decode one left-padded batch; its KV cache is a local and dies with this call (what
+        its requests asked to keep is copied out at the end)."""
         contexts = [r.prompt_ids + r.response_prefix for r in requests]
-        input_ids, attention, positions = self._left_pad(contexts)
+        with_routes = params.return_routes and self.moe_top_k > 0
         budget = [max(params.max_new_tokens - len(r.response_prefix), 0) for r in requests]
+        kept = None if with_routes or not any(budget) else self._take_kept(requests, contexts)
+        if kept is None:
+            input_ids, attention, positions = self._left_pad(contexts)
+            cache = new_kv_cache(self.model, input_ids.shape[1] + max(budget, default=0))
+            cache_width = input_ids.shape[1]
+            fed = [(cache_width - len(c), cache_width, cache_width) for c in contexts]
+            distinct = None if with_routes else self._distinct_rows(contexts)
+        else:
+            input_ids, attention, positions, cache, fed = self._continue_kept(contexts, kept, max(budget, default=0))
+            cache_width = attention.shape[1]
+            distinct = None
         new_ids: list[list[int]] = [[] for _ in requests]
         new_logps: list[list[float]] = [[] for _ in requests]
         stop: list[str | None] = [None if b > 0 else "length" for b in budget]
-        with_routes = params.return_routes and self.moe_top_k > 0
         routes: list[list[list[list[int]]]] = [[] for _ in requests]  # per row: per fed token, [L][k]
         chosen: list[torch.Tensor] = []  # each MoE layer's experts for the tokens of the last forward
         hooks = self._route_hooks(chosen) if with_routes else []
         try:
-            self._decode(
-                requests, params, generator, input_ids, attention, positions, contexts, budget, new_ids, new_logps,
-                stop, routes, chosen, with_routes,
+            ran = self._decode(
+                requests, params, generator, input_ids, attention, positions, cache, distinct, contexts, budget,
+                new_ids, new_logps, stop, routes, chosen, with_routes,
             )  # fmt: skip
         finally:
             for hook in hooks:
                 hook.remove()
+        if ran and not with_routes:
+            self._keep(requests, contexts, new_ids, cache, fed, cache_width)
         return self._results(requests, contexts, new_ids, new_logps, stop, routes, with_routes)
+
+    # -- keys and values kept between turns (kept_kv.py) --------------------------------
+    def _take_kept(self, requests: list[GenerationRequest], contexts: list[list[int]]) -> list[KeptEntry | None] | None:
+        """Each request's kept entry that its context continues (None where it has none), or
+        None when no request has one."""
+        if not len(self.kept):
+            return None
+        entries = [self.kept.take(r.request_id, c, self.version) for r, c in zip(requests, contexts, strict=True)]
+        return entries if any(e is not None for e in entries) else None
+
+    def _continue_kept(
+        self, contexts: list[list[int]], kept: list[KeptEntry | None], new_tokens: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, list[tuple[int, int, int]]]:
+        """(input_ids, attention, positions, cache, fed spans) of a batch whose rows continue
+        kept keys and values. The cache holds each row's kept tokens right-aligned in a width W;
+        the rows' new tokens follow, left-padded in their own width, so a row's mask has a hole
+        between the two: positions count the row's real tokens only, so each token is where it
+        would be alone. A row's span (a, b, c): its kept tokens at cache positions [a, b), its
+        new ones from c to the end of the layout."""
+        lengths = [len(e.tokens) if e is not None else 0 for e in kept]
+        self.kept.reused_tokens += sum(lengths)
+        suffixes = [c[n:] for c, n in zip(contexts, lengths, strict=True)]
+        width, new_width = max(lengths), max(len(s) for s in suffixes)
+        input_ids = torch.tensor(
+            [[self.pad_token_id] * (new_width - len(s)) + s for s in suffixes], dtype=torch.long, device=self.device
+        )
+        fed = [(width - n, width, width + new_width - len(s)) for n, s in zip(lengths, suffixes, strict=True)]
+        starts = torch.tensor(fed)
+        at = torch.arange(width + new_width)[None, :]
+        attention = ((at >= starts[:, :1]) & (at < width)) | (at >= starts[:, 2:])
+        attention = attention.long().to(self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, width:]
+        keys, values, _ = assemble(kept, width + new_width + new_tokens)
+        cache = new_kv_cache(self.model)
+        cache.adopt(keys, values, width)
+        return input_ids, attention, positions, cache, fed
+
+    def _keep(
+        self,
+        requests: list[GenerationRequest],
+        contexts: list[list[int]],
+        new_ids: list[list[int]],
+        cache: Any,
+        fed: list[tuple[int, int, int]],
+        width: int,
+    ) -> None:
+        """Copy out the keys and values of each request that asked to keep them: its context's
+        (at cache positions [a, b) and [c, ``width``) of its span) and its generated tokens'
+        but the last (sampled, never fed; from ``width`` on)."""
+        rows = [i for i, r in enumerate(requests) if r.keep_kv] if self.kept.max_bytes > 0 else []
+        if not rows:
+            return
+        kept_new = [max(len(new_ids[i]) - 1, 0) for i in rows]
+        spans = [(*fed[i], width + n) for i, n in zip(rows, kept_new, strict=True)]
+        group = gather_group(cache.keys, cache.values, rows, spans)
+        per_token = sum(k[0, 0].numel() * k.element_size() for k in (*group.keys, *group.values))
+        for j, (i, n) in enumerate(zip(rows, kept_new, strict=True)):
+            tokens = contexts[i] + new_ids[i][:n]
+            self.kept.put(requests[i].request_id, KeptEntry(self.version, tokens, group, j, per_token * len(tokens)))
 
     def _left_pad(self, contexts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """(input_ids, attention mask, positions) of the left-padded batch, on the device; the
@@ -204,6 +282,8 @@ class TorchRolloutEngine:
         input_ids: torch.Tensor,
         attention: torch.Tensor | None,
         positions: torch.Tensor,
+        cache: Any,
+        distinct: tuple[torch.Tensor, torch.Tensor] | None,
         contexts: list[list[int]],
         budget: list[int],
         new_ids: list[list[int]],
@@ -212,12 +292,11 @@ class TorchRolloutEngine:
         routes: list[list[list[list[int]]]],
         chosen: list[torch.Tensor],
         with_routes: bool,
-    ) -> None:
-        """The decode loop: sample into ``new_ids`` / ``new_logps`` until every row stops."""
+    ) -> bool:
+        """The decode loop: sample into ``new_ids`` / ``new_logps`` until every row stops.
+        Whether any forward ran (an abort before the first, or no budget, runs none)."""
         batch_size = len(requests)
         rows = _Rows(budget, None if params.ignore_eos else self.eos_token_id, self.device)
-        cache = new_kv_cache(self.model, input_ids.shape[1] + max(budget, default=0))
-        distinct = None if with_routes else self._distinct_rows(contexts)
         step_ids, step_pos = input_ids, positions
         for step in range(max(budget, default=0)):
             if self._abort.is_set():
@@ -236,6 +315,7 @@ class TorchRolloutEngine:
             if attention is not None:
                 attention = torch.cat([attention, attention.new_ones((batch_size, 1))], dim=1)
         rows.finish(new_ids, new_logps, stop)
+        return bool(rows.tokens)
 
     def _results(
         self,
@@ -317,6 +397,7 @@ class TorchRolloutEngine:
                 return
             self._asleep = True
             self._quiesce()
+            self.kept.clear()
             if self.device != HOST:
                 if self._native:
                     unfuse_projections(self.model)  # moving the weights cuts them from their stacks
@@ -340,14 +421,16 @@ class TorchRolloutEngine:
         with self._state:
             self._kv_released = True
             self._quiesce()
+            self.kept.clear()
 
     def resume_kv_cache(self) -> None:
         with self._state:
             self._kv_released = False
 
     def reset_prefix_cache(self) -> None:
-        """No prefix cache survives a request here, so nothing from an old version can leak."""
-        return None
+        """Forget the keys and values kept between turns (they are also forgotten on every
+        weight load, and never used under another version)."""
+        self.kept.clear()
 
     # -- weights ------------------------------------------------------------------------
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
@@ -355,6 +438,7 @@ class TorchRolloutEngine:
         with torch.no_grad():
             for dest, tensor in self._storages("update_weights", named_tensors):
                 dest.copy_(tensor)
+        self.kept.clear()
         self.version = version
 
     def update_weights_sparse(self, updates: SparseUpdates, version: int) -> None:
@@ -362,6 +446,7 @@ class TorchRolloutEngine:
         with torch.no_grad():
             for dest, index, values in self._storages("update_weights_sparse", updates):
                 write_entries(dest, index, values)
+        self.kept.clear()
         self.version = version
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -5,7 +5,8 @@ engine; their generate calls take turns (one engine batch at a time). The time s
 generating is counted as the replica's busy time, with the engine batches run and the
 requests they held: a multi-turn loop generates the next turn of whichever trajectories' tool
 calls have answered, so its batches are often small, and ``rollout/rows_per_engine_batch``
-shows how small.
+shows how small. ``rollout/kv_reused_tokens`` counts the context tokens that kept keys and
+values spared the engine prefilling again (the built-in engine; 0 for one that keeps none).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class TurnTakingEngine:
         self.batches = 0
         self.rows = 0
         """Engine batches run, and the requests they held."""
+        self._reused_seen = self._reused()
 
     def generate(self, requests: list[Any], params: SamplingParams) -> list[Any]:
         with self._turn:
@@ -40,12 +42,22 @@ class TurnTakingEngine:
                     self.rows += len(requests)
 
     def pop_counts(self) -> dict[str, float]:
-        """Seconds generating, engine batches and their requests since the last call (a batch
-        in flight counts once it ends)."""
+        """Seconds generating, engine batches, their requests and the context tokens kept keys
+        and values spared since the last call (a batch in flight counts once it ends)."""
         with self._count:
-            counts = {"busy_seconds": self.busy_seconds, "engine_batches": float(self.batches), "engine_rows": float(self.rows)}
-            self.busy_seconds, self.batches, self.rows = 0.0, 0, 0
+            reused = self._reused()
+            counts = {
+                "busy_seconds": self.busy_seconds,
+                "engine_batches": float(self.batches),
+                "engine_rows": float(self.rows),
+                "kv_reused_tokens": float(reused - self._reused_seen),
+            }
+            self.busy_seconds, self.batches, self.rows, self._reused_seen = 0.0, 0, 0, reused
         return counts
+
+    def _reused(self) -> int:
+        kept = getattr(self._engine, "kept", None)
+        return int(getattr(kept, "reused_tokens", 0))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)

@@ -37,3 +37,25 @@ def test_first_turns_and_continuations_are_counted_apart() -> None:
     assert out["after_tool_prefilled"] == (2 + 4) + (3 + 4) and out["after_tool_generated"] == 6
     assert out["first_seconds"] >= 0 and out["after_tool_seconds"] >= 0
     assert "generate" not in vars(engine)  # the engine is left as it was
+
+
+class KeepingEngine(Engine):
+    """Reports that it reused each continuation's context but its last token."""
+
+    def __init__(self) -> None:
+        self.kept = type("Kept", (), {"reused_tokens": 0})()
+        self.resets = 0
+
+    def reset_prefix_cache(self) -> None:
+        self.resets += 1
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        self.kept.reused_tokens += sum(len(r.prompt_ids) + len(r.response_prefix) - 1 for r in requests if r.response_prefix)
+        return super().generate(requests, params)
+
+
+def test_context_an_engine_kept_is_not_counted_as_prefilled() -> None:
+    engine = KeepingEngine()
+    out = run_batch(engine, TwoTurns, None, [("a", [1, 2]), ("b", [1, 2, 3]), ("c", [1])], SamplingParams())
+    assert out["first_prefilled"] == 6 and out["after_tool_prefilled"] == 2  # one token a continuation
+    assert engine.resets == 1  # nothing kept by an earlier batch is counted as this one's

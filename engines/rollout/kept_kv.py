@@ -1,0 +1,159 @@
+"""Keys and values kept between the turns of a trajectory, so that its next turn prefills only
+what is new (the tool's answer), not its whole context again.
+
+Why. A multi-turn trajectory comes back to the engine after each tool call with its whole
+context: the prompt, its turns so far and the tool's answer. Prefilling all of it again is the
+bulk of a turn's cost on a small model (a forward is compute-bound from a few thousand
+tokens), while the turn itself generates a few dozen tokens.
+
+What is kept. When a batch ends, each request that asked for it (``GenerationRequest.keep_kv``)
+leaves the keys and values of the tokens the model was fed: its context and every token it
+generated except the last (which was sampled, never fed). They are copied out of the batch's
+cache into one compact tensor per layer for the batch's kept rows, so the batch's cache is
+freed as usual. An entry is found by the request id, and used only when the new context
+starts with exactly the kept tokens and the weights are the same version: the keys and values
+are then those of the same tokens at the same positions under the same weights, whichever
+trajectory left them. An entry is used once (the turn that continues from it keeps a new one).
+
+Bounds. Entries are dropped when the weights change (``clear``, called on every weight load,
+sleep and KV release), and, oldest first, past ``max_bytes``. ``max_bytes`` 0 keeps nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_MAX_MIB = 512
+
+
+@dataclass
+class KeptGroup:
+    """The kept rows of one batch: per layer [rows, T, KV heads, head dim] keys and values."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+@dataclass
+class KeptEntry:
+    version: int
+    tokens: list[int]
+    """The ids whose keys and values are kept, in order from position 0."""
+    group: KeptGroup
+    row: int
+    """This entry's row of ``group``; its first ``len(tokens)`` positions are the tokens'."""
+    nbytes: int
+
+
+class KeptKV:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_MIB << 20) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, KeptEntry] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.reused_tokens = 0
+        """Context tokens whose prefill a kept entry saved, since the engine started."""
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    def take(self, request_id: str, context: list[int], version: int) -> KeptEntry | None:
+        """The entry of ``request_id`` when ``context`` continues its tokens under ``version``
+        (removed either way). At least the context's last token is left to prefill: an entry
+        as long as the context is cut by one position."""
+        with self._lock:
+            entry = self._entries.pop(request_id, None)
+            if entry is not None:
+                self._bytes -= entry.nbytes
+        if entry is None or entry.version != version or len(entry.tokens) < 1:
+            return None
+        usable = min(len(entry.tokens), len(context) - 1)
+        if usable < 1 or context[:usable] != entry.tokens[:usable]:
+            return None
+        if usable < len(entry.tokens):
+            entry = KeptEntry(version, entry.tokens[:usable], entry.group, entry.row, 0)
+        return entry
+
+    def put(self, request_id: str, entry: KeptEntry) -> None:
+        if self.max_bytes <= 0:
+            return
+        with self._lock:
+            old = self._entries.pop(request_id, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._entries[request_id] = entry
+            self._bytes += entry.nbytes
+            while self._bytes > self.max_bytes and self._entries:
+                _, dropped = self._entries.popitem(last=False)
+                self._bytes -= dropped.nbytes
+
+
+def spans_index(spans: list[tuple[int, int, int, int]], device: torch.device) -> torch.Tensor:
+    """[R, T] positions of R rows, each the two ranges [a, b) then [c, d) of its tuple (an
+    empty range where a == b), padded to the longest with position 0."""
+    table = torch.tensor(spans, dtype=torch.long)
+    first, second = table[:, 1] - table[:, 0], table[:, 3] - table[:, 2]
+    longest = int((first + second).max())
+    at = torch.arange(longest)[None, :]
+    index = table[:, :1] + at + (at >= first[:, None]) * (table[:, 2:3] - table[:, 1:2])
+    index = torch.where(at < (first + second)[:, None], index, 0)
+    return index.to(device)
+
+
+def gather_group(
+    cache_keys: list[torch.Tensor],
+    cache_values: list[torch.Tensor],
+    rows: list[int],
+    spans: list[tuple[int, int, int, int]],
+) -> KeptGroup:
+    """Rows ``rows`` of a batch's cache (per layer [B, KV heads, positions, D]), each at the
+    positions of its ``spans`` (``spans_index``), as a compact group."""
+    index = spans_index(spans, cache_keys[0].device)
+    row_index = torch.tensor(rows, dtype=torch.long, device=index.device)[:, None]
+    # advanced indices on dims 0 and 2 around a slice come first: [R, T, KV heads, D]
+    return KeptGroup([k[row_index, :, index] for k in cache_keys], [v[row_index, :, index] for v in cache_values])
+
+
+def assemble(entries: list[KeptEntry | None], capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """Per layer cache buffers [B, KV heads, capacity, D] whose first W positions hold each
+    row's kept keys and values right-aligned, W the longest row's; and W. Before a shorter
+    row's tokens are copies of its first (finite, and masked out); a row without an entry
+    holds zeros there. Positions from W on are left for the batch's forwards to write."""
+    width = max(len(e.tokens) for e in entries if e is not None)
+    by_group: dict[int, tuple[KeptGroup, list[int], list[int], list[int]]] = {}
+    for batch_row, entry in enumerate(entries):
+        if entry is not None:
+            group = by_group.setdefault(id(entry.group), (entry.group, [], [], []))
+            group[1].append(batch_row)
+            group[2].append(entry.row)
+            group[3].append(len(entry.tokens))
+    missing = [i for i, e in enumerate(entries) if e is None]
+    first = next(iter(by_group.values()))[0]
+    out: list[list[torch.Tensor]] = [[], []]
+    for layer in range(len(first.keys)):
+        for side, store in enumerate((lambda g: g.keys, lambda g: g.values)):
+            like = store(first)[layer]
+            buffer = like.new_empty((len(entries), like.shape[2], max(capacity, width), like.shape[3]))
+            for group, batch_rows, rows, lengths in by_group.values():
+                starts = torch.tensor([width - n for n in lengths])[:, None]
+                index = (torch.arange(width)[None, :] - starts).clamp(min=0).to(like.device)
+                source = torch.tensor(rows, dtype=torch.long, device=like.device)[:, None]
+                target = torch.tensor(batch_rows, dtype=torch.long, device=like.device)
+                buffer[target, :, :width] = store(group)[layer][source, index].transpose(1, 2)
+            if missing:
+                buffer[torch.tensor(missing, device=like.device), :, :width] = 0
+            out[side].append(buffer)
+    return out[0], out[1], width
