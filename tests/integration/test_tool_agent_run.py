@@ -34,6 +34,8 @@ def test_a_sync_run_trains_on_tool_agent_trajectories(
         assert 1 <= row["agent/turns_mean"] <= 2
         assert 0 < row["agent/observation_token_frac"] < 1 or row["agent/tool_calls_mean"] == 0
         assert "reward/mean" in row
+        # a turn after a tool continued from the keys and values its first turn kept
+        assert (row["rollout/kv_reused_tokens"] > 0) == (row["agent/turns_mean"] > 1), row
 
 
 def test_a_sync_run_trains_on_black_box_agents_through_the_gateway(

@@ -33,11 +33,13 @@ class Scripted:
 
     def __init__(self, tokenizer, turns: list[str]) -> None:
         self.tokenizer, self.turns, self.version, self.batches = tokenizer, turns, 5, []
+        self.keep_kv: list[bool] = []
         self._lock = threading.Lock()
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         with self._lock:
             self.batches.append(len(requests))
+            self.keep_kv += [r.keep_kv for r in requests]
         out = []
         for request in requests:
             turn = self.tokenizer.decode(request.response_prefix).count("</s>")  # turns so far
@@ -84,6 +86,13 @@ def test_a_black_box_agent_solves_its_task_through_the_official_client(gateway, 
     observed = len(tokenizer.encode("<tool_response>42</tool_response>", add_special_tokens=False))
     assert trajectory.response_mask.count(0) == observed
     assert len(trajectory.log_probs) == len(trajectory.response_ids) == len(trajectory.token_versions)
+
+
+def test_a_session_asks_to_keep_its_keys_until_its_last_turn(gateway) -> None:
+    core, server, engine = gateway
+    session = core.open_session("g/k", 200, 2)
+    assert solve(_client(server, session.token), "rl-train-policy", "12+30=") == "42"
+    assert engine.keep_kv == [True, False]  # the second turn is the session's last
 
 
 def test_models_and_tool_calls_look_as_openai_s_do(gateway) -> None:
