@@ -16,7 +16,9 @@ are then those of the same tokens at the same positions under the same weights, 
 trajectory left them. An entry is used once (the turn that continues from it keeps a new one).
 
 Bounds. Entries are dropped when the weights change (``clear``, called on every weight load,
-sleep and KV release), and, oldest first, past ``max_bytes``. ``max_bytes`` 0 keeps nothing.
+sleep and KV release), and, oldest first, past ``max_bytes``: the bytes of the batches' compact
+tensors that entries still hold (one counts whole while any of its entries is kept). A group
+bigger than ``max_bytes`` on its own is not kept. ``max_bytes`` 0 keeps nothing.
 """
 
 from __future__ import annotations
@@ -30,12 +32,19 @@ import torch
 DEFAULT_MAX_MIB = 512
 
 
-@dataclass
+@dataclass(eq=False)
 class KeptGroup:
-    """The kept rows of one batch: per layer [rows, T, KV heads, head dim] keys and values."""
+    """The kept rows of one batch: per layer [rows, T, KV heads, head dim] keys and values.
+    Its memory lives as long as any of its entries does, so the budget counts it whole."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    live: int = 0
+    """Entries of the store that hold this group."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
 @dataclass
@@ -46,7 +55,6 @@ class KeptEntry:
     group: KeptGroup
     row: int
     """This entry's row of ``group``; its first ``len(tokens)`` positions are the tokens'."""
-    nbytes: int
 
 
 class KeptKV:
@@ -63,12 +71,18 @@ class KeptKV:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the groups the entries hold (a group counts whole while any entry holds it)."""
         return self._bytes
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+            while self._entries:
+                self._release(self._entries.popitem()[1])
+
+    def _release(self, entry: KeptEntry) -> None:
+        entry.group.live -= 1
+        if entry.group.live == 0:
+            self._bytes -= entry.group.nbytes
 
     def take(self, request_id: str, context: list[int], version: int) -> KeptEntry | None:
         """The entry of ``request_id`` when ``context`` continues its tokens under ``version``
@@ -77,14 +91,14 @@ class KeptKV:
         with self._lock:
             entry = self._entries.pop(request_id, None)
             if entry is not None:
-                self._bytes -= entry.nbytes
+                self._release(entry)
         if entry is None or entry.version != version or len(entry.tokens) < 1:
             return None
         usable = min(len(entry.tokens), len(context) - 1)
         if usable < 1 or context[:usable] != entry.tokens[:usable]:
             return None
         if usable < len(entry.tokens):
-            entry = KeptEntry(version, entry.tokens[:usable], entry.group, entry.row, 0)
+            entry = KeptEntry(version, entry.tokens[:usable], entry.group, entry.row)
         return entry
 
     def put(self, request_id: str, entry: KeptEntry) -> None:
@@ -93,12 +107,13 @@ class KeptKV:
         with self._lock:
             old = self._entries.pop(request_id, None)
             if old is not None:
-                self._bytes -= old.nbytes
+                self._release(old)
+            if entry.group.live == 0:
+                self._bytes += entry.group.nbytes
+            entry.group.live += 1
             self._entries[request_id] = entry
-            self._bytes += entry.nbytes
             while self._bytes > self.max_bytes and self._entries:
-                _, dropped = self._entries.popitem(last=False)
-                self._bytes -= dropped.nbytes
+                self._release(self._entries.popitem(last=False)[1])
 
 
 def spans_index(spans: list[tuple[int, int, int, int]], device: torch.device) -> torch.Tensor:

@@ -207,10 +207,8 @@ class TorchRolloutEngine:
         kept_new = [max(len(new_ids[i]) - 1, 0) for i in rows]
         spans = [(*fed[i], width + n) for i, n in zip(rows, kept_new, strict=True)]
         group = gather_group(cache.keys, cache.values, rows, spans)
-        per_token = sum(k[0, 0].numel() * k.element_size() for k in (*group.keys, *group.values))
         for j, (i, n) in enumerate(zip(rows, kept_new, strict=True)):
-            tokens = contexts[i] + new_ids[i][:n]
-            self.kept.put(requests[i].request_id, KeptEntry(self.version, tokens, group, j, per_token * len(tokens)))
+            self.kept.put(requests[i].request_id, KeptEntry(self.version, contexts[i] + new_ids[i][:n], group, j))
 
     def _left_pad(self, contexts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """(input_ids, attention mask, positions) of the left-padded batch, on the device; the

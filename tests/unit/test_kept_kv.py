@@ -91,26 +91,40 @@ def test_new_weights_and_a_release_forget_everything_kept(tiny_model_dir: Path, 
     assert engine.kept.reused_tokens == 0
 
 
+def _group(rows: int = 1) -> KeptGroup:
+    """A group of ``rows`` rows of 4 positions: 64 bytes a row (keys and values, float32)."""
+    return KeptGroup([torch.zeros(rows, 4, 1, 2)], [torch.zeros(rows, 4, 1, 2)])
+
+
 def test_an_entry_of_another_version_is_never_used() -> None:
     store = KeptKV()
-    group = KeptGroup([torch.zeros(1, 4, 1, 2)], [torch.zeros(1, 4, 1, 2)])
-    store.put("a", KeptEntry(3, [1, 2, 3], group, 0, 10))
+    store.put("a", KeptEntry(3, [1, 2, 3], _group(), 0))
     assert store.take("a", [1, 2, 3, 4], version=4) is None and len(store) == 0 and store.nbytes == 0
-    store.put("a", KeptEntry(3, [1, 2, 3], group, 0, 10))
+    store.put("a", KeptEntry(3, [1, 2, 3], _group(), 0))
     entry = store.take("a", [1, 2, 3], version=3)  # nothing new: the last token is prefilled again
     assert entry is not None and entry.tokens == [1, 2]
 
 
-def test_the_byte_budget_drops_the_oldest_first() -> None:
-    store = KeptKV(max_bytes=25)
-    group = KeptGroup([torch.zeros(3, 4, 1, 2)], [torch.zeros(3, 4, 1, 2)])
-    for row, name in enumerate("abc"):
-        store.put(name, KeptEntry(0, [1, 2], group, row, 10))
-    assert len(store) == 2 and store.nbytes == 20
+def test_the_byte_budget_counts_whole_groups_and_drops_the_oldest_first() -> None:
+    store = KeptKV(max_bytes=150)
+    for name in "abc":
+        store.put(name, KeptEntry(0, [1, 2], _group(), 0))
+    assert len(store) == 2 and store.nbytes == 128
     assert store.take("a", [1, 2, 3], 0) is None and store.take("c", [1, 2, 3], 0) is not None
-    assert len(KeptKV(max_bytes=0)) == 0
+    assert store.nbytes == 64
+    shared = KeptKV(max_bytes=1000)
+    group = _group(rows=3)
+    for row, name in enumerate("xyz"):
+        shared.put(name, KeptEntry(0, [1, 2], group, row))
+    assert shared.nbytes == 192  # one group, counted once, whole
+    assert shared.take("x", [1, 2, 3], 0) is not None and shared.nbytes == 192  # still held by y and z
+    shared.clear()
+    assert shared.nbytes == 0 and len(shared) == 0 and group.live == 0
+    too_big = KeptKV(max_bytes=100)
+    too_big.put("a", KeptEntry(0, [1, 2], _group(rows=2), 0))
+    assert len(too_big) == 0 and too_big.nbytes == 0
     nothing = KeptKV(max_bytes=0)
-    nothing.put("a", KeptEntry(0, [1, 2], group, 0, 10))
+    nothing.put("a", KeptEntry(0, [1, 2], _group(), 0))
     assert len(nothing) == 0
 
 
