@@ -51,8 +51,19 @@ def test_loops_take_turns_and_each_gets_its_own_results() -> None:
     counts = turns.pop_counts()
     assert counts["engine_batches"] == 18 and counts["engine_rows"] == 36
     assert counts["busy_seconds"] >= 18 * 0.002
-    assert turns.pop_counts() == {"busy_seconds": 0.0, "engine_batches": 0.0, "engine_rows": 0.0}
+    assert counts["kv_reused_tokens"] == 0.0  # an engine that keeps nothing between turns
+    assert turns.pop_counts() == {"busy_seconds": 0.0, "engine_batches": 0.0, "engine_rows": 0.0, "kv_reused_tokens": 0.0}
     assert turns.abort() == "aborted"  # the rest of the engine shows through
+
+
+def test_the_context_kept_keys_spared_is_counted_since_the_last_pop() -> None:
+    engine = CountingEngine()
+    engine.kept = type("Kept", (), {"reused_tokens": 40})()  # type: ignore[attr-defined]
+    turns = TurnTakingEngine(engine)  # what was reused before it wrapped the engine is not this step's
+    engine.kept.reused_tokens += 25  # type: ignore[attr-defined]
+    assert turns.pop_counts()["kv_reused_tokens"] == 25
+    engine.kept.reused_tokens += 5  # type: ignore[attr-defined]
+    assert turns.pop_counts()["kv_reused_tokens"] == 5 and turns.pop_counts()["kv_reused_tokens"] == 0
 
 
 def test_a_failed_call_still_counts_and_frees_the_engine() -> None:
