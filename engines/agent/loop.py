@@ -25,9 +25,10 @@ replica is held for a weight sync) ends the trajectories still in flight as ``ab
 rather than after their tools answer.
 
 The sequence is never re-tokenized: the ids the engine produced are kept as they are, and only
-each new observation is encoded. A turn that may be followed by another asks the engine to
-keep its keys and values (``keep_kv``): the next turn then prefills only the tool's answer. ``first_drift`` shows where a re-tokenization of the whole text
-would disagree with them (a decoder that drops a special token or a space does).
+each new observation is encoded. ``first_drift`` shows where a re-tokenization of the whole
+text would disagree with them (a decoder that drops a special token or a space does). A turn
+that may be followed by another asks the engine to keep its keys and values (``keep_kv``): the
+next turn then prefills only the tool's answer.
 """
 
 from __future__ import annotations

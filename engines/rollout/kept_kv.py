@@ -92,7 +92,7 @@ class KeptKV:
             entry = self._entries.pop(request_id, None)
             if entry is not None:
                 self._release(entry)
-        if entry is None or entry.version != version or len(entry.tokens) < 1:
+        if entry is None or entry.version != version:
             return None
         usable = min(len(entry.tokens), len(context) - 1)
         if usable < 1 or context[:usable] != entry.tokens[:usable]:
@@ -142,33 +142,36 @@ def gather_group(
     return KeptGroup([k[row_index, :, index] for k in cache_keys], [v[row_index, :, index] for v in cache_values])
 
 
-def assemble(entries: list[KeptEntry | None], capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+def assemble(entries: list[KeptEntry | None], capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per layer cache buffers [B, KV heads, capacity, D] whose first W positions hold each
-    row's kept keys and values right-aligned, W the longest row's; and W. Before a shorter
-    row's tokens are copies of its first (finite, and masked out); a row without an entry
-    holds zeros there. Positions from W on are left for the batch's forwards to write."""
+    row's kept keys and values right-aligned, W the longest row's. Before a shorter row's
+    tokens are copies of its first (finite, and masked out); a row without an entry holds
+    zeros there. Positions from W on are left for the batch's forwards to write."""
     width = max(len(e.tokens) for e in entries if e is not None)
-    by_group: dict[int, tuple[KeptGroup, list[int], list[int], list[int]]] = {}
+    first = next(e for e in entries if e is not None).group
+    device = first.keys[0].device
+    rows_of: dict[int, list[tuple[int, KeptEntry]]] = {}
     for batch_row, entry in enumerate(entries):
         if entry is not None:
-            group = by_group.setdefault(id(entry.group), (entry.group, [], [], []))
-            group[1].append(batch_row)
-            group[2].append(entry.row)
-            group[3].append(len(entry.tokens))
-    missing = [i for i, e in enumerate(entries) if e is None]
-    first = next(iter(by_group.values()))[0]
-    out: list[list[torch.Tensor]] = [[], []]
-    for layer in range(len(first.keys)):
-        for side, store in enumerate((lambda g: g.keys, lambda g: g.values)):
-            like = store(first)[layer]
+            rows_of.setdefault(id(entry.group), []).append((batch_row, entry))
+    # per group, built once for every layer: (group, its rows' positions, its rows, their rows here)
+    plans = []
+    for members in rows_of.values():
+        starts = torch.tensor([width - len(e.tokens) for _, e in members])[:, None]
+        plans.append((
+            members[0][1].group,
+            (torch.arange(width)[None, :] - starts).clamp(min=0).to(device),
+            torch.tensor([e.row for _, e in members], dtype=torch.long, device=device)[:, None],
+            torch.tensor([i for i, _ in members], dtype=torch.long, device=device),
+        ))  # fmt: skip
+    missing = torch.tensor([i for i, e in enumerate(entries) if e is None], dtype=torch.long, device=device)
+    out: dict[str, list[torch.Tensor]] = {"keys": [], "values": []}
+    for name, buffers in out.items():
+        for layer, like in enumerate(getattr(first, name)):
             buffer = like.new_empty((len(entries), like.shape[2], max(capacity, width), like.shape[3]))
-            for group, batch_rows, rows, lengths in by_group.values():
-                starts = torch.tensor([width - n for n in lengths])[:, None]
-                index = (torch.arange(width)[None, :] - starts).clamp(min=0).to(like.device)
-                source = torch.tensor(rows, dtype=torch.long, device=like.device)[:, None]
-                target = torch.tensor(batch_rows, dtype=torch.long, device=like.device)
-                buffer[target, :, :width] = store(group)[layer][source, index].transpose(1, 2)
-            if missing:
-                buffer[torch.tensor(missing, device=like.device), :, :width] = 0
-            out[side].append(buffer)
-    return out[0], out[1], width
+            for group, index, source, target in plans:
+                buffer[target, :, :width] = getattr(group, name)[layer][source, index].transpose(1, 2)
+            if len(missing):
+                buffer[missing, :, :width] = 0
+            buffers.append(buffer)
+    return out["keys"], out["values"]

@@ -184,7 +184,7 @@ class TorchRolloutEngine:
         attention = ((at >= starts[:, :1]) & (at < width)) | (at >= starts[:, 2:])
         attention = attention.long().to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, width:]
-        keys, values, _ = assemble(kept, width + new_width + new_tokens)
+        keys, values = assemble(kept, width + new_width + new_tokens)
         cache = new_kv_cache(self.model)
         cache.adopt(keys, values, width)
         return input_ids, attention, positions, cache, fed

@@ -84,8 +84,9 @@ def padding_cuts(
     minimise the padded tokens of all the ranges plus ``overhead_tokens`` per range.
 
     The default overhead is 1/32 of the real tokens, at least 64: a cut has to save about 3%
-    of the batch's work (each micro-batch is one more forward, with its fixed cost). A dynamic programme: over the runs of equal length when no range is
-    capped (a cut inside a run never pays then), over the rows within ``max_rows`` otherwise;
+    of the batch's work (each micro-batch is one more forward, with its fixed cost). A dynamic
+    programme: over the runs of equal length when no range is capped (a cut inside a run
+    never pays then), over the rows within ``max_rows`` otherwise;
     past ``MAX_CUT_CANDIDATES`` places to cut, over evenly spaced ones (near the best, not it).
     """
     rows = len(sorted_lengths)
