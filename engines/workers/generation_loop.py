@@ -86,8 +86,9 @@ class GenerationLoop:
                 self._cond.wait()
             job, key = self._queue.popleft()
             keys = [key]
+            share = self._share(job)
             rest: deque[tuple[Job, str]] = deque()
-            while self._queue and len(keys) < self._max_groups:
+            while self._queue and len(keys) < share:
                 item = self._queue.popleft()
                 if item[0] == job:
                     keys.append(item[1])
@@ -96,6 +97,15 @@ class GenerationLoop:
             self._queue.extendleft(reversed(rest))
             self._busy += 1
             return job, keys
+
+    def _share(self, job: Job) -> int:
+        """How many of ``job``'s queued groups this batch takes (the first already taken): an
+        even share among the threads free to take one, so that the queue spreads over every
+        batch in flight (a batch holds its groups until its slowest tool answers) rather than
+        filling one; at most ``max_groups_per_batch``."""
+        free = max(self._batches_in_flight - self._busy, 1)
+        queued = 1 + sum(1 for item in self._queue if item[0] == job)
+        return min(self._max_groups, -(-queued // free))
 
     def _loop(self) -> None:
         while True:
