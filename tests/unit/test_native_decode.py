@@ -10,8 +10,14 @@ import pytest
 import torch
 
 import rl_train.engines.rollout.torch_engine as torch_engine
-from rl_train.engines.model.native import NativeCausalLM, NativeConfig, fuse_projections, load_native
-from rl_train.engines.model.native_decode import can_decode_fast, decode_logits
+from rl_train.engines.model.native import (
+    NativeCausalLM,
+    NativeConfig,
+    fuse_projections,
+    load_native,
+    rope_tables,
+)
+from rl_train.engines.model.native_decode import can_decode_fast, decode_logits, generation_bias, rope_lookup
 from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
 
@@ -105,3 +111,27 @@ def test_the_engine_generates_the_same_through_either_decode(tiny_model_dir: Pat
     for a, b in zip(fast, plain, strict=True):
         assert a.response_ids == b.response_ids and a.stop_reason == b.stop_reason
         assert a.log_probs == pytest.approx(b.log_probs, abs=1e-5)
+
+
+def test_a_generation_bias_and_the_rope_table_give_the_steps_of_the_mask(tiny_model_dir: Path) -> None:
+    """The bias made once for a generation, and RoPE gathered from the table (grown past its first
+    size), give what the step's own mask and RoPE give."""
+    model = load_native(tiny_model_dir)
+    fuse_projections(model)
+    ids, mask, positions = _left_padded(model.config.vocab_size)
+    bias = generation_bias(mask[:, :6], 4)
+    assert bias.shape == (4, 1, 1, 10)
+    with torch.no_grad():
+        caches = [model.new_cache(10), model.new_cache(10)]
+        for cache in caches:
+            model(ids[:, :6], attention_mask=mask[:, :6], position_ids=positions[:, :6], cache=cache)
+        for t in range(6, 10):
+            step_mask = torch.cat([mask[:, :6], torch.ones(4, t - 5, dtype=torch.long)], dim=1)
+            want = decode_logits(model, ids[:, t : t + 1], step_mask, positions[:, t : t + 1], caches[0])
+            got = decode_logits(model, ids[:, t : t + 1], None, positions[:, t : t + 1], caches[1], bias)
+            torch.testing.assert_close(got, want, **TIGHT)
+    far = torch.tensor([[3], [300], [1000]])
+    cos, sin = rope_lookup(model.model, far, 1001, torch.float32)
+    want_cos, want_sin = rope_tables(far, model.model.inv_freq, torch.float32)
+    torch.testing.assert_close(cos, want_cos.view(3, 1, -1), **TIGHT)
+    torch.testing.assert_close(sin, want_sin.view(3, 1, -1), **TIGHT)
