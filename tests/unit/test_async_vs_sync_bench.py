@@ -40,6 +40,9 @@ def test_each_mode_loads_with_the_same_work_and_the_same_tail() -> None:
         assert c.data.builtin_task == "tool_sum"
         assert c.rollout.agent.batches_in_flight == (1 if mode == "sync" else 2)
     assert configs["separate_async"].trainer.parameter_sync_step == 4
+    assert configs["separate_async"].replay.prefetch_batches == 8  # two global batches beyond the one trained
+    given = load_config(REPO / "configs" / "tool-tiny.yaml", mode_overrides("separate_async", argparse.Namespace(**{**vars(ARGS), "prefetch_batches": 3})))
+    assert given.replay.prefetch_batches == 3
     assert configs["separate_async"].rollout.weight_sync.backend == "bucketed"
 
 
