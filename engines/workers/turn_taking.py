@@ -94,8 +94,13 @@ class TurnTakingEngine:
             if len(batch) == 1:
                 batch[0].error, batch[0].done = error, True
             else:
-                for call in batch:
-                    self._run([call])
+                try:
+                    for call in batch:
+                        self._run([call])
+                finally:  # an interrupt part-way: the calls not rerun yet get the batch's error
+                    for call in batch:
+                        if not call.done:
+                            call.error, call.done = error, True
             return
         except BaseException as error:  # an interrupt: every call of the batch gets it
             for call in batch:
