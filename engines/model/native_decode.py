@@ -49,7 +49,8 @@ def decode_logits(
     """Logits [B, V] of the token after each row's ``ids`` [B, 1] (at ``positions`` [B, 1]),
     its keys and values appended to ``cache``: what ``model(ids, attention_mask, positions,
     cache, logits_to_keep=1).logits[:, -1]`` returns, with ``attention_mask`` [B, past + 1]
-    (None: every key is seen).
+    (None: every key is seen). A row's position is at most ``past`` (positions count a row's
+    real tokens, which the cache holds).
 
     ``bias``: instead of ``attention_mask``, the additive bias [B, 1, 1, N] of ``decode_bias``
     over N >= past + 1 cache positions (its first past + 1 are used): a generation makes it

@@ -409,6 +409,7 @@ class TorchRolloutEngine:
                 if self._native:
                     unfuse_projections(self.model)  # moving the weights cuts them from their stacks
                     self._fused = False
+                    self.model.model.__dict__.pop("_rope_by_position", None)  # decode's RoPE tables
                 _move_weights(self.model, HOST)
                 torch.cuda.empty_cache()
 

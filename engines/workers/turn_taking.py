@@ -55,12 +55,27 @@ class TurnTakingEngine:
         call = _Call(list(requests), params)
         with self._cond:
             self._waiting.append(call)
+        try:
+            self._until_done(call)
+        except BaseException:  # interrupted waiting, or running another call's batch
+            with self._cond:
+                if call in self._waiting:  # nobody else runs it for a caller that has gone
+                    self._waiting.remove(call)
+            raise
+        if call.error is not None:
+            raise call.error
+        assert call.results is not None
+        return call.results
+
+    def _until_done(self, call: _Call) -> None:
+        """Wait for ``call`` to be answered, running the next batch whenever the engine is free
+        (a batch that may hold other callers' calls, and not this one)."""
         while True:
             with self._cond:
                 while not call.done and self._running:
                     self._cond.wait()
                 if call.done:
-                    break
+                    return
                 batch = self._take()
                 self._running = True
             try:
@@ -69,10 +84,6 @@ class TurnTakingEngine:
                 with self._cond:
                     self._running = False
                     self._cond.notify_all()
-        if call.error is not None:
-            raise call.error
-        assert call.results is not None
-        return call.results
 
     def _take(self) -> list[_Call]:
         """The first waiting call and every other waiting call it may share a batch with (under

@@ -154,3 +154,41 @@ def test_an_engine_that_answers_the_wrong_count_fails_the_call() -> None:
 
     with pytest.raises(RuntimeError, match="1 results to 2 requests"):
         TurnTakingEngine(Short()).generate(["a", "b"], GREEDY)
+
+
+class _Stop(BaseException):
+    """An interrupt (not an ``Exception``): never retried call by call."""
+
+
+def test_an_interrupt_reaches_its_batch_and_leaves_no_call_behind() -> None:
+    class Interrupting(GatedEngine):
+        def generate(self, requests: list[str], params: SamplingParams) -> list[str]:
+            if "boom" in requests:
+                raise _Stop()
+            return super().generate(requests, params)
+
+    engine = Interrupting()
+    turns = TurnTakingEngine(engine)
+    out: dict[str, object] = {}
+
+    def one(name: str, params: SamplingParams) -> None:
+        try:
+            out[name] = turns.generate([name], params)
+        except _Stop as stop:
+            out[name] = stop
+
+    first = threading.Thread(target=one, args=("a", GREEDY))
+    first.start()
+    assert engine.started.wait(5)
+    others = [threading.Thread(target=one, args=(n, p)) for n, p in (("boom", GREEDY), ("x", SamplingParams(0.0, 1.0, 9)))]
+    for thread in others:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while len(turns._waiting) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    engine.release.set()
+    for thread in [first, *others]:
+        thread.join(10)
+    assert out["a"] == ["a:4"] and isinstance(out["boom"], _Stop)
+    assert out["x"] == ["x:9"] or isinstance(out["x"], _Stop)  # the boom batch may have run on x's thread
+    assert turns._waiting == [] and not turns._running
