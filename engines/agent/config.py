@@ -40,7 +40,7 @@ class AgentConfig(StrictModel):
     tool_latency_sigma: float = Field(1.4, ge=0)
     """tool_agent: shape of that delay; p99/p50 = exp(2.326 x sigma) (1.4 gives 26x); a delay past tool_timeout_s is a time-out."""
     batches_in_flight: int = Field(1, ge=1)
-    """Batches a rollout replica's background generation keeps going at once; above 1, one batch generates while another waits on its tools (engine calls still take turns)."""
+    """Agent loops a rollout replica's background generation runs at once, the queued groups shared evenly among them; their engine calls share batches (calls that wait while one runs go together in the next)."""
     tool_threads: int = Field(16, ge=1)
     """tool_agent: tool calls run side by side on this many threads (a call waits for a free one); gateway_agent: agents run at once."""
     gateway_program: str = "rl_train.examples.calculator_agent:run"

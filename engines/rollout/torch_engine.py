@@ -254,7 +254,7 @@ class TorchRolloutEngine:
         256 rows x 32 tokens. ``bias``: the generation's ``generation_bias``, which a fast
         decode step reads in place of ``attention``."""
         if ids.shape[1] == 1 and self.fast_decode and self._fused:
-            return decode_logits(self.model, ids, None if bias is not None else attention, positions, cache, bias)
+            return decode_logits(self.model, ids, attention, positions, cache, bias)
         keep = {"logits_to_keep": 1} if self._native else {}
         out = self.model(
             input_ids=ids, attention_mask=attention, position_ids=positions, cache=cache, use_cache=True, **keep

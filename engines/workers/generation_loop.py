@@ -6,8 +6,9 @@ abort returns partial results, which the replica keeps and re-queues first) and 
 the engine is idle: weight pushes and sleep happen under a hold, so a partial rollout resumes
 under the new weights. Holds nest: each ``hold`` needs its ``release``.
 
-With ``batches_in_flight`` above 1, as many threads each drain the queue: while one batch waits
-on its tools, another generates (the caller makes engine calls take turns). ``stopping`` is set
+With ``batches_in_flight`` above 1, as many threads each drain the queue, each taking an even
+share of it: while one batch waits on its tools, another generates (the caller merges their
+engine calls into shared batches, ``turn_taking.py``). ``stopping`` is set
 from a ``hold`` until the last ``release``: a batch waiting on tools ends what it has in flight
 as aborted rather than keep the hold waiting for its slowest call.
 """
