@@ -18,7 +18,9 @@ worker encodes them (BOS, then the text's tokens). Tokens/s counts generated tok
 Repetitions are interleaved (transformers then built-in, built-in then transformers, ...)
 after one warm-up of each, and the table reports medians, so that a noisy machine hurts both
 alike, and the median and range of each rep's own ratio (its two runs back to back).
-Both run in this process with the same torch thread count (``--threads``).
+Both run in this process with the same torch thread count (``--threads``) and the same heap:
+by default it keeps freed memory as a rollout worker's process does (``--heap kept``,
+``engines/workers/host_memory.py``), or runs on glibc's own settings (``--heap default``).
 
     python -m rl_train.bench.rollout                        # 1,024 x 4 and 256 x 32
     python -m rl_train.bench.rollout --reps 7 --threads 1
@@ -41,6 +43,7 @@ import torch
 
 from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
+from rl_train.engines.workers.host_memory import keep_freed_memory
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO / "models" / "tiny-qwen2"
@@ -195,14 +198,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--case", action="append", help="PROMPTSxTOKENS (repeatable; default 1024x4 and 256x32)")
     parser.add_argument("--reps", type=int, default=5, help="timed runs of each side per case")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads for both sides")
+    parser.add_argument(
+        "--heap",
+        choices=("kept", "default"),
+        default="kept",
+        help="kept: the process keeps freed memory as a rollout worker's does (host_memory); default: glibc's own",
+    )
     args = parser.parse_args(argv)
+    if args.heap == "kept":
+        keep_freed_memory()
     torch.set_num_threads(args.threads)
     cases = [parse_case(c) for c in args.case or DEFAULT_CASES]
     engine = TorchRolloutEngine(args.model, max_batch_size=max(c.prompts for c in cases))
     hf_model = load_hf(Path(args.model))
     for case in cases:
         measure(case, engine, hf_model, args.reps)
-    print(f"{args.model}: medians of {args.reps} interleaved runs per side; {args.threads} torch threads")
+    print(
+        f"{args.model}: medians of {args.reps} interleaved runs per side; {args.threads} torch threads; "
+        f"{args.heap} heap"
+    )
     print(format_table(cases))
 
 

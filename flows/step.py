@@ -87,7 +87,7 @@ def run_global_step(trainer: BaseTrainer, step: int, direct: bool, label: str | 
         trainer.on_sample_end(step, local)
         metrics.update(run(tasks.reward, run_id, batch_id))
         metrics.update(run(tasks.balance, run_id, batch_id))
-        run(tasks.old_log_prob, run_id, batch_id)
+        metrics.update(run(tasks.old_log_prob, run_id, batch_id))
         if plan.ref:
             run(tasks.ref, run_id, batch_id)
         if plan.critic:

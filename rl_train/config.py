@@ -189,6 +189,11 @@ class Config(StrictModel):
                 f"actor.router_replay r3 replays the experts rollout used, and rollout.engine {self.rollout.engine!r} "
                 "does not return them yet; use the built-in engine ('torch') or r2"
             )
+        if self.actor.router_replay == "r2" and self.algorithm.rollout_correction.bypass_current_version:
+            raise ValueError(
+                "algorithm.rollout_correction.bypass_current_version: got true: actor.router_replay r2 replays the "
+                "routes of old_log_prob's pass, which the copied trajectories skip; set it to false or use r3"
+            )
         if t.train_batch_size % t.parameter_sync_step:
             raise ValueError(
                 f"trainer.train_batch_size ({t.train_batch_size}) must be divisible by "

@@ -56,13 +56,20 @@ def balance(run_id: str, batch_id: str) -> dict[str, float]:
 
 
 @retrying_phase_task(name="old_log_prob")
-def old_log_prob(run_id: str, batch_id: str) -> None:
-    """(4) pi_old log-probs, recomputed by the training engine, or copied in bypass_mode (R-7.1)."""
+def old_log_prob(run_id: str, batch_id: str) -> dict[str, float]:
+    """(4) pi_old log-probs, recomputed by the training engine, or copied in bypass_mode (R-7.1);
+    with ``bypass_current_version``, copied for the trajectories pi_old's weights sampled and
+    recomputed for the rest."""
     run = join_run(run_id)
-    if run.config.algorithm.rollout_correction.bypass_mode:
+    correction = run.config.algorithm.rollout_correction
+    if correction.bypass_mode:
         run.pools.copy_rollout_log_probs(batch_id)
-    else:
-        run.pools.compute_log_probs(batch_id, "old_log_probs", reference=False)
+        return {}
+    shards, metrics = None, {}
+    if correction.bypass_current_version:
+        shards, metrics = run.pools.copy_current_log_probs(batch_id)
+    run.pools.compute_log_probs(batch_id, "old_log_probs", reference=False, shards=shards)
+    return metrics
 
 
 @retrying_phase_task(name="ref")

@@ -14,6 +14,7 @@ import ray
 
 from rl_train.engines.node_address import node_address
 from rl_train.engines.training.critic_config import CriticConfig
+from rl_train.engines.workers.host_memory import keep_freed_memory
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
@@ -54,6 +55,7 @@ class CriticWorker:
         tq: Any,
         dist_address: str | None = None,
     ) -> None:
+        keep_freed_memory()  # before the model: its tensors' pages stay the process's
         _import_engine_side()
         self.cfg = CriticConfig.model_validate(critic)
         torch.set_num_threads(self.cfg.num_threads)

@@ -332,14 +332,26 @@ class WorkerPools:
         parts = max(self._dp_ranks, default=len(self.trainers) - 1) + 1
         return dict(ray.get(self.tq.balance_batch.remote(batch_id, parts)))
 
-    def compute_log_probs(self, batch_id: str, out_field: str, reference: bool) -> None:
-        shards = self.batch(batch_id, ["shards"])["shards"]
+    def compute_log_probs(
+        self, batch_id: str, out_field: str, reference: bool, shards: list[list[str]] | None = None
+    ) -> None:
+        """A forward-only pass on every training rank over its shard of the batch (``shards``:
+        the balanced ones, or what is left of them)."""
+        if shards is None:
+            shards = self.batch(batch_id, ["shards"])["shards"]
         _wait(
             [
                 rank.compute_log_probs.remote("train", shard, out_field, reference)
                 for rank, shard in self._by_data_rank(shards)
             ]
         )
+
+    def copy_current_log_probs(self, batch_id: str) -> tuple[list[list[str]], dict[str, float]]:
+        """``bypass_current_version``: pi_old := the rollout log-probs of the trajectories that
+        pi_old's weights sampled wholly, inside the queue actor; returns the shards left to
+        recompute and the share copied."""
+        shards, metrics = ray.get(self.tq.copy_current_log_probs.remote(batch_id))
+        return shards, dict(metrics)
 
     def copy_rollout_log_probs(self, batch_id: str) -> None:
         """Bypass mode (R-7.1): pi_old := the rollout log-probs, copied inside the queue actor."""

@@ -142,6 +142,25 @@ class QueueWorker(TransferQueue):
         values = bypass_old_log_probs(self.get(partition, keys))
         self.put(partition, {k: {"old_log_probs": v} for k, v in zip(keys, values, strict=True)})
 
+    def copy_current_log_probs(self, batch_id: str) -> tuple[list[list[str]], dict[str, float]]:
+        """(4, ``bypass_current_version``) old_log_probs := the rollout log-probs of each
+        trajectory sampled wholly by pi_old's weights: version ``step - 1``, the weights local
+        update 0 of the batch's global step trains from. Returns the balanced shards without
+        those keys (what the training ranks still recompute) and the share copied."""
+        from rl_train.algorithms.advantage_phase import bypass_old_log_probs, generated_wholly_at
+
+        batch = self.get_batch(batch_id)
+        keys, partition = batch["keys"], batch["partition"]
+        records = self.get(partition, keys)
+        rows = generated_wholly_at(records, int(batch["step"]) - 1)
+        copied = [keys[i] for i in rows]
+        if rows:
+            values = bypass_old_log_probs([records[i] for i in rows])
+            self.put(partition, {k: {"old_log_probs": v} for k, v in zip(copied, values, strict=True)})
+        skip = set(copied)
+        shards = [[k for k in shard if k not in skip] for shard in batch["shards"]]
+        return shards, {"rollout_corr/old_log_probs_copied": len(rows) / max(len(keys), 1)}
+
     def compute_advantages(self, batch_id: str) -> dict[str, float]:
         """(6-7) Rollout correction, token rewards (+ in-reward KL) and advantages; returns metrics."""
         batch = self.get_batch(batch_id)

@@ -16,6 +16,7 @@ from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.rollout.tool_env import DelayedCalls, ToolEnvConfig
 from rl_train.engines.weight_sync.base import WeightReceiver
 from rl_train.engines.workers.generation_loop import GenerationLoop
+from rl_train.engines.workers.host_memory import keep_freed_memory, release_freed_memory
 from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.engines.workers.placement import check_device
 from rl_train.engines.workers.turn_taking import TurnTakingEngine
@@ -59,12 +60,16 @@ class RolloutWorker:
         engine_options: dict[str, Any] | None = None,
         device: str = "cpu",
         agent: dict[str, Any] | None = None,
+        rescue: bool = False,
     ) -> None:
         """``tool_env``: a ``rollout.tool_env`` dump; its tool call follows every train trajectory.
         ``engine``: the registered rollout engine (``rollout.engine``), built with ``engine_options``
         (its own config section, ``rollout.sglang`` for sglang), on ``device`` (``rollout.device``:
         Ray gives the actor its GPU share and sets which GPU it sees). ``agent``: a ``rollout.agent``
-        dump, which agent loop answers each prompt."""
+        dump, which agent loop answers each prompt. ``rescue``: the training rank's spare engine
+        (R-2.7), whose records say so (``rescue``): it samples with the trainer's current
+        weights, not pi_old's, whatever version they are tagged with."""
+        keep_freed_memory()  # before the model: its tensors' pages stay the process's
         _import_engine_side()
         torch.set_num_threads(num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
@@ -72,6 +77,7 @@ class RolloutWorker:
         self.engine = build_rollout_engine(engine, model_path, seed=seed, device=device, options=engine_options)
         self.tokenizer = self.engine.tokenizer
         self.tq = resolve_actor(tq)
+        self.rescue = rescue
         self.receiver: WeightReceiver | None = None
         self.tool_latency = ToolEnvConfig(**(tool_env or {})).build()
         self.agent = AgentConfig.model_validate(agent or {})
@@ -228,6 +234,7 @@ class RolloutWorker:
                 "group_id": key,
                 "data_source": by_key[key]["data_source"],
                 "ground_truth": by_key[key]["ground_truth"],
+                **({"rescue": True} if self.rescue else {}),
             }
             if with_tools and result.stop_reason != "aborted":
                 assert self.tool_latency is not None
@@ -277,7 +284,10 @@ class RolloutWorker:
 
     # -- lifecycle and weights ----------------------------------------------------------
     def sleep(self) -> None:
+        """The engine frees its KV cache (and on a GPU moves its weights to the host); the
+        heap pages that freed go back to the OS too (``host_memory``: kept otherwise)."""
         self.engine.sleep()
+        release_freed_memory()
 
     def wake_up(self) -> None:
         self.engine.wake_up()

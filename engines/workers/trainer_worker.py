@@ -15,6 +15,7 @@ from rl_train.engines.node_address import node_address
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.nonfinite import NonFiniteStepGuard
 from rl_train.engines.weight_sync.base import WeightSender
+from rl_train.engines.workers.host_memory import keep_freed_memory
 from rl_train.engines.workers.placement import check_device
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
@@ -74,6 +75,7 @@ class TrainerWorker:
         waits for ``start`` (the pools pass rank 0's ``rendezvous_address`` to every rank).
         ``model_impl``: the torch engine's model code (``model.impl``); ``agent``: the
         ``rollout.agent`` dump the spare rescue engine answers prompts with."""
+        keep_freed_memory()  # before the model: its tensors' pages stay the process's
         _import_engine_side()
         self.cfg = ActorConfig.model_validate(actor)
         torch.set_num_threads(self.cfg.num_threads)
@@ -282,6 +284,7 @@ class TrainerWorker:
                 engine=self.rollout_engine,
                 engine_options=self.rollout_options,
                 agent=self.agent,
+                rescue=True,
             )
         self.spare.wake_up()
         try:

@@ -153,6 +153,22 @@ def bypass_old_log_probs(records: Sequence[dict[str, Any]]) -> list[list[float]]
     return unpad_response(bypass_old_log_prob(rollout), records)
 
 
+def generated_wholly_at(records: Sequence[dict[str, Any]], version: int) -> list[int]:
+    """Indices of the records whose every response token was sampled by weights ``version``
+    (``token_versions``), with a rollout log-prob for each: under ``bypass_current_version``
+    their old_log_probs are those log-probs. A record from the starvation rescue (``rescue``)
+    is never one: the spare engine samples with the trainer's current weights, which after
+    local update 0 are no longer pi_old's, whatever version it is tagged with."""
+    return [
+        i
+        for i, r in enumerate(records)
+        if not r.get("rescue")
+        and r.get("token_versions")
+        and len(r["token_versions"]) == len(r["response_ids"]) == len(r.get("rollout_log_probs") or ())
+        and all(v == version for v in r["token_versions"])
+    ]
+
+
 def optional_field(records: Sequence[dict[str, Any]], name: str) -> torch.Tensor | None:
     """``pad_response`` of a field every record has, or None when any record lacks it."""
     if any(r.get(name) is None or len(r[name]) != len(r["response_ids"]) for r in records):

@@ -143,6 +143,10 @@ class RolloutCorrectionConfig(StrictModel):
     """One bound per RS option (or one for all), quoted: "lo_hi" or u; k1 bounds pi_rollout / pi_old, u = [1/u, u]."""
     bypass_mode: bool = False
     """Use the rollout log-probs as old_log_prob (no recomputation); needs rollout log-probs."""
+    bypass_current_version: bool = False
+    """A trajectory whose every token came from pi_old's weights (the version the step's local
+    update 0 trains from) takes its rollout log-probs as old_log_prob; the rest are recomputed.
+    Only sound where both engines give the same numbers; the async modes default it to true there."""
 
     @model_validator(mode="before")
     @classmethod

@@ -81,6 +81,11 @@ def test_staleness_reaches_parameter_sync_step_and_never_exceeds_it(
         assert max(behind) <= PARAMETER_SYNC_STEP, m  # ... and no sample of any step exceeds it
         assert m["rollout/version/0"] in (m["step"] - 1, m["step"])  # the push is not awaited
         assert "actor/loss" in m
+    # pi_old of step k is version k - 1 (R-2.8), so step 1's groups, all sampled by version 0,
+    # take their rollout log-probs as old_log_probs (the mode's bypass_current_version default),
+    # and the version-0 groups of steps 2-5 are all recomputed.
+    assert config.algorithm.rollout_correction.bypass_current_version
+    assert [m["rollout_corr/old_log_probs_copied"] for m in history[:5]] == [1.0, 0.0, 0.0, 0.0, 0.0]
     # The version-0 groups left for step 6 (at least the eight beyond five global batches) are
     # evicted, not trained, and each costs one refill.
     assert history[5]["replay/evicted_staleness"] >= WARM_UP_GROUPS - 5 * 2 * PARAMETER_SYNC_STEP

@@ -74,3 +74,37 @@ def test_sync_reuses_the_rollout_log_probs_only_where_they_are_the_trainers(
     demo = load_config("configs/arith-tiny.yaml", [])
     assert demo.algorithm.rollout_correction.bypass_mode
     assert not load_config("configs/arith-tiny.yaml", ["trainer.mode=colocate_async"]).algorithm.rollout_correction.bypass_mode
+
+
+@pytest.mark.parametrize(
+    ("overrides", "copied"),
+    [
+        (["trainer.mode=separate_async"], True),  # the built-in torch engines, float32 on the CPU
+        (["trainer.mode=colocate_async"], True),
+        (["trainer.mode=separate_async", "actor.dtype=bfloat16"], False),
+        (["trainer.mode=separate_async", "rollout.top_p=0.9"], False),
+        (["trainer.mode=separate_async", "rollout.engine=sglang"], False),
+        (["trainer.mode=separate_async", "algorithm.rollout_correction.bypass_current_version=false"], False),
+        (["trainer.mode=separate_async", "algorithm.rollout_correction.rollout_is=sequence"], True),  # orthogonal
+        ([], False),  # sync copies every trajectory's instead (bypass_mode)
+    ],
+)
+def test_async_modes_copy_pi_olds_own_trajectories_only_where_the_numbers_are_the_trainers(
+    overrides: list[str], copied: bool
+) -> None:
+    """A trajectory pi_old's weights sampled needs no recompute only where the two engines give
+    the same numbers (R-7.1); the IS and RS settings do not change that."""
+    config = load_config(None, overrides)
+    assert config.algorithm.rollout_correction.bypass_current_version is copied
+
+
+def test_copying_pi_olds_trajectories_is_refused_beside_r2_router_replay() -> None:
+    with pytest.raises(ValueError, match=r"bypass_current_version: got true: actor.router_replay r2 replays"):
+        load_config(
+            None,
+            [
+                "actor.engine=megatron",
+                "actor.router_replay=r2",
+                "algorithm.rollout_correction.bypass_current_version=true",
+            ],
+        )

@@ -56,6 +56,30 @@ def test_bypass_copies_the_rollout_log_probs_as_pi_old() -> None:
     assert [r["old_log_probs"] for r in q.get("train", keys)] == [[-0.5, -0.5], [-0.5]]
 
 
+def test_current_version_copies_only_what_pi_olds_weights_sampled() -> None:
+    """Step 3 trains from version 2 (pi_old: the weights local update 0 starts from). Only a
+    trajectory whose every token version 2 sampled is copied; a mixed one, a rescued one and
+    one whose versions do not cover its response are recomputed, and leave the shards as they were."""
+    q = _queue()
+    keys = _put_group(q, "g", [1.0, 0.0, 1.0, 0.0], [2, 2, 2, 2])
+    q.put(
+        "train",
+        {
+            "g/0": {"token_versions": [2, 2], "rollout_log_probs": [-0.25, -0.75]},
+            "g/1": {"token_versions": [1, 2]},
+            "g/2": {"token_versions": [2, 2], "rescue": True},
+            "g/3": {"token_versions": [2]},
+        },
+    )
+    for key in keys:  # the recompute would write these: none yet
+        q.put("train", {key: {"old_log_probs": None}})
+    q.put_batch("b", "train", keys, groups=["g"], step=3, shards=[["g/0", "g/1"], ["g/2", "g/3"]])
+    shards, metrics = q.copy_current_log_probs("b")
+    assert shards == [["g/1"], ["g/2", "g/3"]]
+    assert metrics == {"rollout_corr/old_log_probs_copied": 0.25}
+    assert [r["old_log_probs"] for r in q.get("train", keys)] == [[-0.25, -0.75], None, None, None]
+
+
 def test_balance_spreads_tokens_and_reports_the_heaviest_rank() -> None:
     q = _queue()
     # Lengths (prompt 2 + response): 12, 7, 6, 5 -> longest first: 12 -> r0, 7 -> r1, 6 -> r1 (13),
