@@ -22,11 +22,13 @@ prompts): a sandbox's latency. What differs is only what the mode overlaps:
 The async modes run with their defaults: token-level IS and the staleness thresholds that
 hold colocate_async to 1 version behind and separate_async to ``parameter_sync_step``.
 
-Each replica runs ``--batches-in-flight`` agent loops at once in the async modes, the queued
-groups shared evenly among them; their engine calls share batches (while one generates, the
-others' calls wait and then run as one), so a loop held by its slowest tool holds only its own
-groups; sync generates its one batch per step. The clock runs from
-the trainer's first hook (before any warm-up dispatch) to the end of each step, so start-up
+The async modes run ``--batches-in-flight`` agent loops at once, split evenly over the
+rollout replicas (separate_async runs ``--rollout-replicas``, by default one per CPU, each on
+``rollout.num_threads`` threads beside the trainer's: a replica whose loops all wait on tools
+leaves the core to the others), the queued groups shared evenly among a replica's loops;
+their engine calls share batches (while one generates, the others' calls wait and then run
+as one), so a loop held by its slowest tool holds only its own groups; sync generates its
+one batch per step. The clock runs from the trainer's first hook (before any warm-up dispatch) to the end of each step, so start-up
 (Ray, actors) is left out for every mode alike. The table gives samples/s and the ratio to
 sync, measured in this run, plus the staleness (versions behind), evictions, rollout idle
 fraction and trainer wait of each mode, the reward reached, and the wall time to a
@@ -84,6 +86,7 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
     ]
     if mode == "separate_async":  # the standalone pool gets its own share of the cores
         rollout_threads = max(cpus // 2, 1)
+        replicas = rollout_replicas(args)
         return [
             *common,
             f"trainer.parameter_sync_step={args.parameter_sync_step}",
@@ -91,9 +94,11 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
             f"replay.prefetch_batches={prefetch_batches(args)}",
             "rollout.weight_sync.backend=bucketed",
             "rollout.weight_sync.transport=shm",
+            f"rollout.num_replicas={replicas}",
             f"rollout.num_threads={rollout_threads}",
             f"actor.num_threads={max(cpus - rollout_threads, 1)}",
-            f"rollout.agent.batches_in_flight={args.batches_in_flight}",
+            # the same agent loops as the other async modes, split over the replicas
+            f"rollout.agent.batches_in_flight={max(args.batches_in_flight // replicas, 1)}",
         ]
     # Co-located modes alternate rollout and training on all the cores.
     return [
@@ -103,6 +108,16 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
         f"actor.num_threads={cpus}",
         *([f"rollout.agent.batches_in_flight={args.batches_in_flight}"] if mode != "sync" else []),
     ]
+
+
+def rollout_replicas(args: argparse.Namespace) -> int:
+    """separate_async's rollout replicas: ``--rollout-replicas``, else one per CPU. Each runs
+    ``rollout.num_threads`` torch threads beside the trainer's, so the OS shares the cores
+    among them: a replica whose loops all wait on tools leaves its core to the other and to
+    the trainer (one replica left the trainer waiting 1.0 s a step for groups with its core
+    idle, README)."""
+    given = getattr(args, "rollout_replicas", None)
+    return int(given) if given is not None else max(os.cpu_count() or 1, 1)
 
 
 def prefetch_batches(args: argparse.Namespace) -> int:
@@ -230,7 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sigma", type=float, default=1.4, help="lognormal shape (1.4: p99/p50 = 26)")
     parser.add_argument(
         "--batches-in-flight", type=int, default=8,
-        help="async modes: agent loops per replica at once (their engine calls share batches)",
+        help="async modes: agent loops at once, split evenly over the rollout replicas (their engine calls share batches)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rollout-replicas", type=int, default=None,
+        help="separate_async: rollout replicas, each with rollout.num_threads threads (default: one per CPU)",
     )  # fmt: skip
     parser.add_argument(
         "--prefetch-batches", type=int, default=None,
