@@ -4,9 +4,10 @@ A tiny policy's activations are a few MiB each. glibc hands out blocks that size
 ``mmap`` until its adaptive threshold has grown past them, and gives the top of its heap back
 to the OS as soon as more than twice that threshold lies free there. Either way the next
 tensor of that size touches fresh pages: a page fault per 4 KiB, which cost more than the
-kernel that writes them. One forward pass of 32 tool-task trajectories (130 tokens) on one
-core met 7,500-9,200 page faults and took 58-70 ms; with the settings below it met none and
-took 46-48 ms (``tests/unit/test_host_memory.py`` holds the faults to none).
+kernel that writes them. A forward pass of 32 tool-task trajectories (130 tokens) on one
+core met 6,602 page faults and took 63.8 ms; with the settings below it met none and took
+47.6 ms, 0.75x (``python -m rl_train.bench.host_heap``; an update, 0.97x).
+``tests/unit/test_host_memory.py`` holds the faults of such rounds to none.
 
 ``keep_freed_memory`` pins the thresholds: blocks up to 32 MiB (glibc's largest threshold)
 come from the heap, up to ``keep_mib`` of free heap stays mapped, and the heap grows 64 MiB
