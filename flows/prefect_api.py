@@ -61,6 +61,32 @@ def _prefect_package_dir() -> str:
     return str(Path(next(iter(spec.submodule_search_locations))).parent)
 
 
+def prefect_database() -> str:
+    """Where the temporary server keeps its database: ``PREFECT_API_DATABASE_CONNECTION_URL``,
+    else ``prefect.db`` under ``PREFECT_HOME`` (``~/.prefect``), shared by every Prefect on the
+    machine that has the same home."""
+    url = os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL")
+    if url:
+        return url
+    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    return str(home / "prefect.db")
+
+
+def database_hint(output: str) -> str:
+    """What to do when the server refused its database (empty when that is not why it died):
+    a newer Prefect in another environment migrated it to a revision this one does not have."""
+    if "Can't locate revision" not in output:
+        return ""
+    from importlib.metadata import version
+
+    return (
+        f"\nrl-train: Prefect {version('prefect')}'s server cannot read the database {prefect_database()}: "
+        "a newer Prefect has migrated it (Alembic names a revision this version does not have). Give this "
+        "environment a Prefect home of its own (export PREFECT_HOME=<a new folder>), point it at another "
+        "database (PREFECT_API_DATABASE_CONNECTION_URL), or install the Prefect that migrated it."
+    )
+
+
 class TemporaryPrefectAPI:
     """One throwaway Prefect API server (see the module docstring). ``start`` must be called
     from a thread that lives as long as the server should (the main thread): the parent-death
@@ -110,7 +136,7 @@ class TemporaryPrefectAPI:
                 why = f"port {self.port} was taken meanwhile" if code == PORT_IN_USE_EXIT else f"status {code}"
                 output = self._output()
                 self.stop()
-                raise PrefectAPIError(f"Prefect's temporary API server exited ({why}):\n{output}")
+                raise PrefectAPIError(f"Prefect's temporary API server exited ({why}):\n{output}{database_hint(output)}")
             with (
                 contextlib.suppress(urllib.error.URLError, OSError),
                 urllib.request.urlopen(f"{self.url}/health", timeout=2) as answer,

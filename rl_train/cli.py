@@ -199,6 +199,7 @@ def _train(args: argparse.Namespace) -> int:
     startup_clock.mark("inputs")
     use_prefect = not args.no_prefect and config.trainer.use_prefect
     config.trainer.use_prefect = use_prefect
+    from rl_train.flows.prefect_api import PrefectAPIError
     from rl_train.flows.startup import warm_start
 
     try:
@@ -216,6 +217,9 @@ def _train(args: argparse.Namespace) -> int:
             summary = train_flow(resolved=config.model_dump(mode="json"))
     except DatasetError as exc:
         print(f"rl-train: bad dataset: {exc}", file=sys.stderr)
+        return 2
+    except PrefectAPIError as exc:  # its server's output, and what to do where it is known
+        print(f"rl-train: {exc}", file=sys.stderr)
         return 2
     finally:
         _abandon_prelaunched()

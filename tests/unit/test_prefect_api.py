@@ -59,6 +59,40 @@ def test_a_server_that_dies_is_an_error_with_its_output(monkeypatch: pytest.Monk
         api.wait_ready()
 
 
+def test_a_database_from_a_newer_prefect_is_named_with_what_to_do(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database's Alembic revision is one this Prefect does not know, as after a newer
+    Prefect in another environment migrated the shared home's database: the server refuses to
+    start, and the error says which database, why, and how to run anyway; the database keeps
+    its revision (no downgrade is tried)."""
+    import sqlite3
+
+    for key in ("PREFECT_API_URL", TEMPORARY_API_ENV, "PREFECT_API_DATABASE_CONNECTION_URL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    database = tmp_path / "prefect.db"
+    with sqlite3.connect(database) as db:
+        db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        db.execute("INSERT INTO alembic_version VALUES ('ffffffffffff')")
+    api = TemporaryPrefectAPI(startup_timeout_s=120)
+    api.start()
+    with pytest.raises(PrefectAPIError) as failure:
+        api.wait_ready()
+    message = str(failure.value)
+    assert "Can't locate revision" in message
+    assert f"cannot read the database {database}: a newer Prefect has migrated it" in message
+    assert "export PREFECT_HOME=" in message
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [("ffffffffffff",)]
+
+
+def test_the_hint_is_only_for_a_refused_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert prefect_api.database_hint("ModuleNotFoundError: no_such_module") == ""
+    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://db/prefect")
+    assert "the database postgresql+asyncpg://db/prefect:" in prefect_api.database_hint("Can't locate revision 'x'")
+
+
 def test_a_killed_run_takes_its_server_along(tmp_path) -> None:
     script = textwrap.dedent(
         f"""
