@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_train.bench.rollout import Case, demo_prompts, format_table, load_hf, measure, parse_case
+from rl_train.bench.rollout import Case, demo_prompts, format_table, load_hf, main, measure, parse_case
 from rl_train.engines.model.tiny import create_tiny_policy
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
 
@@ -48,3 +48,11 @@ def test_the_table_gives_each_pair_s_ratio_median_and_range() -> None:
     assert case.pair_ratios() == [2.0, 4.0, 0.5]
     row = format_table([case]).splitlines()[-1]
     assert row == "| 2 x 5 | 10 | 20 | 2.00x | 2.00x (0.50-4.00) |"
+
+
+def test_main_says_which_heap_both_sides_ran_on(policy_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # ``--heap default`` here: ``kept`` would change this test process's allocator for good
+    main(["--model", str(policy_dir), "--case", "2x2", "--reps", "1", "--threads", "1", "--heap", "default"])
+    out = capsys.readouterr().out
+    assert "medians of 1 interleaved runs per side; 1 torch threads; default heap" in out
+    assert "| 2 x 2 |" in out
