@@ -23,9 +23,9 @@ The async modes run with their defaults: token-level IS and the staleness thresh
 hold colocate_async to 1 version behind and separate_async to ``parameter_sync_step``.
 
 The async modes run ``--batches-in-flight`` agent loops at once, split evenly over the
-rollout replicas (separate_async runs ``--rollout-replicas``, by default one per CPU, each on
-``rollout.num_threads`` threads beside the trainer's: a replica whose loops all wait on tools
-leaves the core to the others), the queued groups shared evenly among a replica's loops;
+rollout replicas (separate_async runs ``--rollout-replicas``, by default one per CPU, sharing
+the rollout's half of the threads beside the trainer's: a replica whose loops all wait on
+tools leaves the core to the others), the queued groups shared evenly among a replica's loops;
 their engine calls share batches (while one generates, the others' calls wait and then run
 as one), so a loop held by its slowest tool holds only its own groups; sync generates its
 one batch per step. The clock runs from the trainer's first hook (before any warm-up dispatch) to the end of each step, so start-up
@@ -85,8 +85,8 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
         f"run.output_dir={args.output_dir}",
     ]
     if mode == "separate_async":  # the standalone pool gets its own share of the cores
-        rollout_threads = max(cpus // 2, 1)
         replicas = rollout_replicas(args)
+        rollout_threads = max(cpus // 2 // replicas, 1)
         return [
             *common,
             f"trainer.parameter_sync_step={args.parameter_sync_step}",
@@ -96,7 +96,7 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
             "rollout.weight_sync.transport=shm",
             f"rollout.num_replicas={replicas}",
             f"rollout.num_threads={rollout_threads}",
-            f"actor.num_threads={max(cpus - rollout_threads, 1)}",
+            f"actor.num_threads={max(cpus - cpus // 2, 1)}",
             # the same agent loops as the other async modes, split over the replicas
             f"rollout.agent.batches_in_flight={max(args.batches_in_flight // replicas, 1)}",
         ]
@@ -111,13 +111,15 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
 
 
 def rollout_replicas(args: argparse.Namespace) -> int:
-    """separate_async's rollout replicas: ``--rollout-replicas``, else one per CPU. Each runs
-    ``rollout.num_threads`` torch threads beside the trainer's, so the OS shares the cores
-    among them: a replica whose loops all wait on tools leaves its core to the other and to
-    the trainer (one replica left the trainer waiting 1.0 s a step for groups with its core
-    idle, README)."""
+    """separate_async's rollout replicas: ``--rollout-replicas``, else one per CPU (at most one
+    per agent loop). They share the rollout's half of the torch threads (at least one each)
+    beside the trainer's, so the OS shares the cores among them: a replica whose loops all wait
+    on tools leaves its core to the others and to the trainer (one replica left the trainer
+    waiting 1.0 s a step for groups with a core idle, README)."""
     given = getattr(args, "rollout_replicas", None)
-    return int(given) if given is not None else max(os.cpu_count() or 1, 1)
+    if given is not None:
+        return int(given)
+    return max(min(os.cpu_count() or 1, args.batches_in_flight), 1)
 
 
 def prefetch_batches(args: argparse.Namespace) -> int:

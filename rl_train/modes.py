@@ -33,12 +33,12 @@ ASYNC_DEFAULTS: dict[str, DefaultValue] = {
     # stayed at 0.09 mean reward after 40 steps, with token-level TIS it reached 0.40
     # (sync: 0.35). The tiny policy moves several nats per version on some tokens.
     "algorithm.rollout_correction.preset": "token_is",
-    # A trajectory generated wholly by pi_old's weights needs no second pass for its old
-    # log-probs where the engines give the same numbers: in separate_async's tool-task bench 42%
-    # of the groups trained were (their oldest token at pi_old's version), and the old-log-prob
-    # pass is a sixth of the trainer's step (README, Measured).
-    "algorithm.rollout_correction.bypass_current_version": lambda data: engines_give_same_numbers(data),
 }
+COPY_PI_OLD = "algorithm.rollout_correction.bypass_current_version"
+"""A trajectory generated wholly by pi_old's weights needs no second pass for its old log-probs
+where the engines give the same numbers: in separate_async's tool-task bench 42% of the groups
+trained were (their oldest token at pi_old's version), and the old-log-prob pass was a sixth of
+the trainer's step (README, Measured). The async modes default it on where ``copies_are_exact``."""
 
 
 def _section(data: dict[str, Any], dotted: str) -> dict[str, Any]:
@@ -62,6 +62,45 @@ def sync_rollout_correction(data: dict[str, Any]) -> str | None:
     if not engines_give_same_numbers(data) or _section(data, "algorithm").get("rollout_correction"):
         return None
     return "bypass"
+
+
+def copies_are_exact(data: dict[str, Any], pins_pi_old: bool) -> bool:
+    """The async modes' ``bypass_current_version`` default: where the engines give the same
+    numbers, pi_old is version ``step - 1`` in every local update (the mode pins it, R-2.8, or
+    there is one local update), and every training rank runs its shard alone (a split model's
+    ranks run their passes together, over shards the copy would leave uneven)."""
+    trainer, actor = _section(data, "trainer"), _section(data, "actor")
+    one_update = int(trainer.get("parameter_sync_step", 1)) == 1
+    split = bool(actor.get("fsdp")) and int(actor.get("num_ranks", 1)) > 1
+    return engines_give_same_numbers(data) and (pins_pi_old or one_update) and not split
+
+
+def pi_old_copy_errors(pins_pi_old: bool) -> Callable[[Config], list[str]]:
+    """A mode's refusal of ``bypass_current_version`` where a copy would not be pi_old's numbers
+    (a mode that does not pin pi_old, with more than one local update) or where the ranks'
+    passes are collectives."""
+
+    def errors(config: Config) -> list[str]:
+        if not config.algorithm.rollout_correction.bypass_current_version:
+            return []
+        found, actor, pss = [], config.actor, config.trainer.parameter_sync_step
+        if not pins_pi_old and pss > 1:
+            found.append(
+                f"{COPY_PI_OLD}: got true with trainer.parameter_sync_step {pss}: {config.trainer.mode} does "
+                "not pin pi_old to local update 0's weights, so from local update 1 on the recomputed old "
+                "log-probs are the current weights' and a copy would not be; set it to false"
+            )
+        split = actor.megatron.tensor_parallel_size * actor.megatron.pipeline_parallel_size > 1 or (
+            actor.fsdp and actor.num_ranks > 1
+        )
+        if split:
+            found.append(
+                f"{COPY_PI_OLD}: got true with a model split over its ranks (actor.fsdp, or megatron TP/PP): "
+                "their forward passes run together over shards the copy would leave uneven; set it to false"
+            )
+        return found
+
+    return errors
 
 
 def engines_give_same_numbers(data: dict[str, Any]) -> bool:
@@ -102,15 +141,19 @@ def _separate_async_errors(config: Config) -> list[str]:
 MODES: dict[str, ModeSpec] = {
     spec.name: spec
     for spec in (
-        ModeSpec("sync", {"algorithm.rollout_correction.preset": sync_rollout_correction}),
+        ModeSpec(
+            "sync", {"algorithm.rollout_correction.preset": sync_rollout_correction}, pi_old_copy_errors(False)
+        ),
         ModeSpec(
             "colocate_async",
             {
                 **ASYNC_DEFAULTS,
+                COPY_PI_OLD: lambda data: copies_are_exact(data, pins_pi_old=False),
                 # R-2.5: at most 1 version behind (R-7.2 staleness 2). Partial rollouts meet it by
                 # construction; a group held past its step by a slow tool call is evicted instead.
                 "replay.max_off_policy_threshold": 2,
             },
+            pi_old_copy_errors(False),
         ),
         ModeSpec(
             "separate_async",
@@ -122,8 +165,9 @@ MODES: dict[str, ModeSpec] = {
                 # <= pss + 1, also for groups that a long tool call kept out past their step.
                 "replay.max_off_policy_threshold": lambda data: int(data["trainer"]["parameter_sync_step"])
                 + 1,
+                COPY_PI_OLD: lambda data: copies_are_exact(data, pins_pi_old=True),
             },
-            _separate_async_errors,
+            lambda config: _separate_async_errors(config) + pi_old_copy_errors(True)(config),
         ),
     )
 }

@@ -7,11 +7,12 @@ tensor of that size touches fresh pages: a page fault per 4 KiB, which cost more
 kernel that writes them. A forward pass of 32 tool-task trajectories (130 tokens) on one
 core met 6,602 page faults and took 63.8 ms; with the settings below it met none and took
 47.6 ms, 0.75x (``python -m rl_train.bench.host_heap``; an update, 0.97x).
-``tests/unit/test_host_memory.py`` holds the faults of such rounds to none.
+``tests/unit/test_host_memory.py`` holds rounds of such blocks to fewer than 50 faults (of
+6,144 pages).
 
 ``keep_freed_memory`` pins the thresholds: blocks up to 32 MiB (glibc's largest threshold)
-come from the heap, up to ``keep_mib`` of free heap stays mapped, and the heap grows 64 MiB
-at a time. A worker that frees much at once on purpose (a rollout replica going to sleep)
+come from the heap, up to ``keep_mib`` of free heap stays mapped at the top of each malloc
+arena (mallopt takes an int: at most 2,047 MiB), and the heap grows 64 MiB at a time. A worker that frees much at once on purpose (a rollout replica going to sleep)
 calls ``release_freed_memory`` to give it back. ``RL_TRAIN_WORKER_HEAP_KEEP_MIB`` sets
 ``keep_mib`` for every worker started from this environment; ``0`` leaves glibc's defaults.
 Elsewhere than glibc (musl, macOS) both are no-ops.

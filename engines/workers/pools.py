@@ -103,6 +103,9 @@ class WorkerPools:
     """The backend hands the sender's payload to receivers by object reference."""
     _closed: bool = field(default=False, repr=False)
     _incarnations: list[str] = field(default_factory=list, repr=False)
+    _pi_old_pinned: bool = field(default=False, repr=False)
+    """Between ``snapshot_pi_old`` and ``clear_pi_old``: the trainer's weights have moved past
+    the version the replicas are tagged with."""
     """Each rollout replica's incarnation when last seen: a different one means Ray restarted it."""
     _sync_cfg: Any = field(default=None, repr=False)
     _placement_groups: list[Any] = field(default_factory=list, repr=False)
@@ -428,9 +431,11 @@ class WorkerPools:
     # -- separate_async: pi_old and the spare engine ---------------------------------------
     def snapshot_pi_old(self) -> None:
         _wait([rank.snapshot_pi_old.remote() for rank in self.trainers])
+        self._pi_old_pinned = True
 
     def clear_pi_old(self) -> None:
         _wait([rank.clear_pi_old.remote() for rank in self.trainers])
+        self._pi_old_pinned = False
 
     def rescue_generate(self, keys: list[str], n: int, params: dict[str, Any], version: int) -> None:
         peers = [peer.join_export.remote() for peer in self.export_peers]
@@ -503,6 +508,8 @@ class WorkerPools:
         if restarted:
             self._close_weight_sync(final=False)
             self.open_weight_sync(self._sync_cfg)
+            if self._pi_old_pinned:  # the current weights, past local update 0, go out as ``version``
+                _wait([r.mark_next_push_off_version.remote() for r in self.rollouts])
             self.sync_weights(version)
             self._incarnations = current
         return restarted

@@ -150,6 +150,11 @@ class QueueWorker(TransferQueue):
         from rl_train.algorithms.advantage_phase import bypass_old_log_probs, generated_wholly_at
 
         batch = self.get_batch(batch_id)
+        if "step" not in batch:
+            raise KeyError(
+                f"batch {batch_id!r} has no global step: algorithm.rollout_correction.bypass_current_version "
+                "needs the replay buffer to record it (put_batch(..., step=step)), or set it to false"
+            )
         keys, partition = batch["keys"], batch["partition"]
         records = self.get(partition, keys)
         rows = generated_wholly_at(records, int(batch["step"]) - 1)

@@ -67,8 +67,8 @@ class RolloutWorker:
         (its own config section, ``rollout.sglang`` for sglang), on ``device`` (``rollout.device``:
         Ray gives the actor its GPU share and sets which GPU it sees). ``agent``: a ``rollout.agent``
         dump, which agent loop answers each prompt. ``rescue``: the training rank's spare engine
-        (R-2.7), whose records say so (``rescue``): it samples with the trainer's current
-        weights, not pi_old's, whatever version they are tagged with."""
+        (R-2.7): it samples with the trainer's current weights, not pi_old's, whatever version
+        they are tagged with, so its records say ``off_version``."""
         keep_freed_memory()  # before the model: its tensors' pages stay the process's
         _import_engine_side()
         torch.set_num_threads(num_threads)
@@ -78,6 +78,10 @@ class RolloutWorker:
         self.tokenizer = self.engine.tokenizer
         self.tq = resolve_actor(tq)
         self.rescue = rescue
+        self.off_version = rescue
+        """Whether the weights served may not be exactly the version they are tagged with: the
+        records written meanwhile say ``off_version`` (never copied as pi_old's log-probs)."""
+        self._next_push_off_version = False
         self.receiver: WeightReceiver | None = None
         self.tool_latency = ToolEnvConfig(**(tool_env or {})).build()
         self.agent = AgentConfig.model_validate(agent or {})
@@ -234,7 +238,7 @@ class RolloutWorker:
                 "group_id": key,
                 "data_source": by_key[key]["data_source"],
                 "ground_truth": by_key[key]["ground_truth"],
-                **({"rescue": True} if self.rescue else {}),
+                **({"off_version": True} if self.off_version else {}),
             }
             if with_tools and result.stop_reason != "aborted":
                 assert self.tool_latency is not None
@@ -287,7 +291,8 @@ class RolloutWorker:
         """The engine frees its KV cache (and on a GPU moves its weights to the host); the
         heap pages that freed go back to the OS too (``host_memory``: kept otherwise)."""
         self.engine.sleep()
-        release_freed_memory()
+        if not self.rescue:  # the spare engine shares the training rank's process and its heap
+            release_freed_memory()
 
     def wake_up(self) -> None:
         self.engine.wake_up()
@@ -341,6 +346,15 @@ class RolloutWorker:
         assert self.receiver is not None, "open_receiver() first"
         self.loop.hold()
         try:
-            return run_receiver(self.engine, self.receiver, payload, version, timeout_seconds)
+            metrics = run_receiver(self.engine, self.receiver, payload, version, timeout_seconds)
+            # flipped while generation is held: no record straddles the flag
+            self.off_version, self._next_push_off_version = self.rescue or self._next_push_off_version, False
+            return metrics
         finally:
             self.loop.release()
+
+    def mark_next_push_off_version(self) -> None:
+        """The next push's weights are not exactly the version they are tagged with (a revive in
+        the middle of a separate_async step pushes the trainer's current weights under pi_old's
+        version): until the push after it, records say ``off_version``."""
+        self._next_push_off_version = True

@@ -156,13 +156,14 @@ def bypass_old_log_probs(records: Sequence[dict[str, Any]]) -> list[list[float]]
 def generated_wholly_at(records: Sequence[dict[str, Any]], version: int) -> list[int]:
     """Indices of the records whose every response token was sampled by weights ``version``
     (``token_versions``), with a rollout log-prob for each: under ``bypass_current_version``
-    their old_log_probs are those log-probs. A record from the starvation rescue (``rescue``)
-    is never one: the spare engine samples with the trainer's current weights, which after
-    local update 0 are no longer pi_old's, whatever version it is tagged with."""
+    their old_log_probs are those log-probs. A record marked ``off_version`` is never one: its
+    weights were not exactly the version they were tagged with (the starvation rescue's spare
+    engine, or a replica revived mid-step, sample with the trainer's current weights, which
+    after local update 0 are no longer pi_old's)."""
     return [
         i
         for i, r in enumerate(records)
-        if not r.get("rescue")
+        if not r.get("off_version")
         and r.get("token_versions")
         and len(r["token_versions"]) == len(r["response_ids"]) == len(r.get("rollout_log_probs") or ())
         and all(v == version for v in r["token_versions"])

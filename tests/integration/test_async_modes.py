@@ -82,6 +82,32 @@ LONG_TAIL = {"name": "long_tail_sandbox", "latency_median_seconds": 0.02, "laten
 """Sandbox latency of the mode tests: p50 20 ms, p99 0.5 s; staleness bounds must hold under it."""
 
 
+def test_a_push_marked_off_version_marks_the_records_until_the_next_push(tiny_model_dir: Path, ray_local) -> None:
+    """A replica revived mid-step gets the trainer's current weights under pi_old's version:
+    what it samples under them says ``off_version`` (never copied as pi_old's log-probs), and
+    what it samples after the next push does not."""
+    tq = ray.remote(TransferQueue).options(num_cpus=0).remote()
+    worker = ray.remote(RolloutWorker).options(num_cpus=0).remote(str(tiny_model_dir), tq, 0, 1)
+    ray.get(worker.open_receiver.remote(NaiveBackend(), {}))
+    model, _ = load_policy(tiny_model_dir)
+    prompt = {"prompt": "3+4=", "data_source": "single_digit_sum", "ground_truth": "7"}
+    params = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4}
+
+    def sample(key: str, version: int, off_version: bool) -> list[dict[str, Any]]:
+        if off_version:
+            ray.get(worker.mark_next_push_off_version.remote())
+        payload = {"version": version, "tensors": {k: v.detach() for k, v in model.state_dict().items()}}
+        ray.get(worker.receive_weights.remote(payload, version, 30.0))
+        ray.get(tq.put.remote("train", {key: prompt}, {key: {"kind": "prompt", "status": "pending", "version": 0}}))
+        return ray.get(tq.get.remote("train", ray.get(worker.generate_prompts.remote("train", [key], 2, params))))
+
+    before = sample("a", 1, off_version=False)
+    revived = sample("b", 1, off_version=True)
+    after = sample("c", 2, off_version=False)
+    assert [r.get("off_version", False) for r in before + revived + after] == [False, False, True, True, False, False]
+    assert all(set(r["token_versions"]) == {v} for v, rs in ((1, before), (1, revived), (2, after)) for r in rs)
+
+
 def test_tool_calls_keep_a_group_running_until_its_slowest_call_returns(
     tiny_model_dir: Path, ray_local
 ) -> None:
@@ -199,3 +225,5 @@ def test_separate_async_rescue_feeds_the_trainer_when_the_pool_is_paused(
     for m in history:
         assert m["replay/rescue_activations"] == 2  # one per local update
         assert m["replay/rescue_groups"] == 8 and "actor/loss" in m
+        # the spare engine samples with the trainer's current weights: never copied as pi_old's
+        assert m["rollout_corr/old_log_probs_copied"] == 0.0

@@ -87,6 +87,9 @@ def test_sync_reuses_the_rollout_log_probs_only_where_they_are_the_trainers(
         (["trainer.mode=separate_async", "algorithm.rollout_correction.bypass_current_version=false"], False),
         (["trainer.mode=separate_async", "algorithm.rollout_correction.rollout_is=sequence"], True),  # orthogonal
         ([], False),  # sync copies every trajectory's instead (bypass_mode)
+        # colocate_async does not pin pi_old: past local update 0 it is the current weights
+        (["trainer.mode=colocate_async", "trainer.parameter_sync_step=2", "trainer.train_batch_size=8"], False),
+        (["trainer.mode=separate_async", "actor.fsdp=true", "actor.num_ranks=2"], False),  # passes are collectives
     ],
 )
 def test_async_modes_copy_pi_olds_own_trajectories_only_where_the_numbers_are_the_trainers(
@@ -108,3 +111,20 @@ def test_copying_pi_olds_trajectories_is_refused_beside_r2_router_replay() -> No
                 "algorithm.rollout_correction.bypass_current_version=true",
             ],
         )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        (["trainer.mode=colocate_async", "trainer.parameter_sync_step=2"], "does not pin pi_old"),
+        (["trainer.parameter_sync_step=2"], "sync does not pin pi_old"),
+        (["trainer.mode=separate_async", "actor.fsdp=true", "actor.num_ranks=2"], "a model split over its ranks"),
+    ],
+)
+def test_copying_pi_olds_trajectories_is_refused_where_a_copy_is_not_pi_olds(overrides: list[str], why: str) -> None:
+    with pytest.raises(ValueError, match=f"bypass_current_version: got true with .*{why}"):
+        load_config(None, [*overrides, "trainer.train_batch_size=8", "algorithm.rollout_correction.bypass_current_version=true"])
+    # separate_async pins pi_old to local update 0's weights (R-2.8): its four local updates copy
+    assert load_config(
+        None, ["trainer.mode=separate_async", "algorithm.rollout_correction.bypass_current_version=true"]
+    ).algorithm.rollout_correction.bypass_current_version

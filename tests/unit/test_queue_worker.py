@@ -58,7 +58,7 @@ def test_bypass_copies_the_rollout_log_probs_as_pi_old() -> None:
 
 def test_current_version_copies_only_what_pi_olds_weights_sampled() -> None:
     """Step 3 trains from version 2 (pi_old: the weights local update 0 starts from). Only a
-    trajectory whose every token version 2 sampled is copied; a mixed one, a rescued one and
+    trajectory whose every token version 2 sampled is copied; a mixed one, an off-version one and
     one whose versions do not cover its response are recomputed, and leave the shards as they were."""
     q = _queue()
     keys = _put_group(q, "g", [1.0, 0.0, 1.0, 0.0], [2, 2, 2, 2])
@@ -67,7 +67,7 @@ def test_current_version_copies_only_what_pi_olds_weights_sampled() -> None:
         {
             "g/0": {"token_versions": [2, 2], "rollout_log_probs": [-0.25, -0.75]},
             "g/1": {"token_versions": [1, 2]},
-            "g/2": {"token_versions": [2, 2], "rescue": True},
+            "g/2": {"token_versions": [2, 2], "off_version": True},
             "g/3": {"token_versions": [2]},
         },
     )
