@@ -15,6 +15,9 @@ engine's model); ``can_decode_fast`` says whether a model has them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +31,7 @@ from rl_train.engines.model.native import (
     rope_tables,
     swap_halves,
 )
+from rl_train.engines.model.scripted import scripted as compiled
 
 
 def can_decode_fast(model: nn.Module) -> bool:
@@ -45,6 +49,7 @@ def decode_logits(
     positions: torch.Tensor,
     cache: KVCache,
     bias: torch.Tensor | None = None,
+    weights: DecodeWeights | None = None,
 ) -> torch.Tensor:
     """Logits [B, V] of the token after each row's ``ids`` [B, 1] (at ``positions`` [B, 1]),
     its keys and values appended to ``cache``: what ``model(ids, attention_mask, positions,
@@ -54,19 +59,28 @@ def decode_logits(
 
     ``bias``: instead of ``attention_mask``, the additive bias [B, 1, 1, N] of ``decode_bias``
     over N >= past + 1 cache positions (its first past + 1 are used): a generation makes it
-    once for all its steps (``generation_bias``) where the mask costs some ten kernels a step."""
+    once for all its steps (``generation_bias``) where the mask costs some ten kernels a step.
+    ``weights``: ``decode_weights(model)``, which a generation gathers once for all its steps
+    (the model's weights are written in place while it decodes, never replaced)."""
     if ids.dim() != 2 or ids.shape[1] != 1:
         raise ValueError(f"decode_logits takes one token per row, ids of shape [B, 1]; got {tuple(ids.shape)}")
-    if not can_decode_fast(model):
-        raise ValueError("decode_logits needs a native model with fused projections (fuse_projections)")
+    if weights is None:
+        weights = decode_weights(model)
     backbone = model.model
     batch, past = ids.shape[0], cache.length
-    x = F.embedding(ids[:, 0], backbone.embed_tokens.weight)  # [B, hidden]
-    cos, sin = rope_lookup(backbone, positions, past + 1, x.dtype)  # [B, 1, D]
+    embedding = backbone.embed_tokens.weight
     if bias is None:
-        bias = decode_bias(attention_mask_4d(attention_mask, past, 1, x.device))
+        bias = decode_bias(attention_mask_4d(attention_mask, past, 1, embedding.device))
     else:
         bias = bias[..., : past + 1]
+    scripted = compiled(decode_stack)
+    if scripted is not None and _cache_holds(cache, weights.layers, past + 1):
+        table = rope_table(backbone, past + 1, embedding.dtype)
+        logits = scripted(ids.view(-1), positions.view(-1), past, table, bias, cache.keys, cache.values, *weights.tensors)
+        cache.length = past + 1
+        return logits
+    cos, sin = rope_lookup(backbone, positions, past + 1, embedding.dtype)  # [B, 1, D]
+    x = F.embedding(ids[:, 0], embedding)  # [B, hidden]
     for index, layer in enumerate(backbone.layers):
         attn, mlp = layer.self_attn, layer.mlp
         heads, kv_heads, dim = attn.heads, attn.kv_heads, attn.head_dim
@@ -74,7 +88,7 @@ def decode_logits(
         qkv = F.linear(layer.input_layernorm.forward(x), attn.fused.weight, attn.fused.bias)
         qkv = qkv.view(batch, rotated + kv_heads, dim)
         qk = qkv[:, :rotated]
-        qk = qk * cos + swap_halves(qk) * sin
+        qk = torch.addcmul(qk * cos, swap_halves(qk), sin)
         keys, values = cache.append(index, qk[:, heads:, None], qkv[:, rotated:, None])
         out = decode_attention(qk[:, :heads, None], keys, values, bias, dim**-0.5)
         x = _add_projected(x, out.view(batch, heads * dim), attn.o_proj)
@@ -86,9 +100,18 @@ def decode_logits(
 
 def rope_lookup(backbone: nn.Module, positions: torch.Tensor, bound: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, signed sin) [B, 1, D] of ``positions`` [B, 1] (each below ``bound``), gathered from
-    a table of ``rope_tables`` over every position up to the longest needed so far, kept on the
-    backbone per device and dtype: one gather a decode step where computing them is about ten
-    kernels (the same elementwise values, to float rounding of the vectorized cos and sin)."""
+    ``rope_table``: one gather a decode step where computing them is about ten kernels (the
+    same elementwise values, to float rounding of the vectorized cos and sin)."""
+    table = rope_table(backbone, bound, dtype)
+    rows = table.index_select(0, positions.reshape(-1)).view(positions.shape[0], 1, -1)
+    dim = table.shape[1] // 2
+    return rows[..., :dim], rows[..., dim:]
+
+
+def rope_table(backbone: nn.Module, bound: int, dtype: torch.dtype) -> torch.Tensor:
+    """[N, 2D]: each position's cos and signed sin (``rope_tables``) side by side, for every
+    position up to the longest needed so far (N >= ``bound``), kept on the backbone per device
+    and dtype."""
     device = backbone.inv_freq.device
     tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = backbone.__dict__.setdefault("_rope_by_position", {})
     table = tables.get((device, dtype))
@@ -96,9 +119,7 @@ def rope_lookup(backbone: nn.Module, positions: torch.Tensor, bound: int, dtype:
         size = max(bound, 2 * (0 if table is None else table.shape[0]), 256)
         cos, sin = rope_tables(torch.arange(size, device=device)[None], backbone.inv_freq, dtype)  # [1, 1, size, D]
         table = tables[(device, dtype)] = torch.cat((cos[0, 0], sin[0, 0]), dim=-1)  # [size, 2D]
-    rows = table.index_select(0, positions.reshape(-1)).view(positions.shape[0], 1, -1)
-    dim = table.shape[1] // 2
-    return rows[..., :dim], rows[..., dim:]
+    return table
 
 
 def generation_bias(attention_mask: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -117,3 +138,135 @@ def _add_projected(x: torch.Tensor, inputs: torch.Tensor, linear: nn.Linear) -> 
     if linear.bias is None:
         return torch.addmm(x, inputs, linear.weight.t())
     return x + F.linear(inputs, linear.weight, linear.bias)
+
+
+def _cache_holds(cache: KVCache, layers: int, positions: int) -> bool:
+    """Whether every layer of ``cache`` has a buffer with room for ``positions`` (the scripted
+    step writes into the buffers; the module path makes and grows them)."""
+    return len(cache.keys) == layers and all(keys.shape[2] >= positions for keys in cache.keys)
+
+
+@dataclass(frozen=True)
+class DecodeWeights:
+    """The tensors ``decode_stack`` reads after the cache, in its argument order."""
+
+    layers: int
+    tensors: tuple[Any, ...]
+
+
+def decode_weights(model: NativeCausalLM) -> DecodeWeights:
+    """``model``'s weights as ``decode_logits`` reads them. They stay valid while the model's
+    weights are written in place (weight sync); gather them again after anything that replaces
+    a weight's storage (sleep and wake, ``fuse_projections``)."""
+    if not can_decode_fast(model):
+        raise ValueError("decode_logits needs a native model with fused projections (fuse_projections)")
+    layers = model.model.layers
+    attn = [layer.self_attn for layer in layers]
+    mlp = [layer.mlp for layer in layers]
+    first = attn[0]
+    tensors = (
+        model.model.embed_tokens.weight,
+        [layer.input_layernorm.weight for layer in layers],
+        [a.fused.weight for a in attn],
+        [a.fused.bias for a in attn],
+        [a.o_proj.weight for a in attn],
+        [a.o_proj.bias for a in attn],
+        [layer.post_attention_layernorm.weight for layer in layers],
+        [m.fused.weight for m in mlp],
+        [m.fused.bias for m in mlp],
+        [m.down_proj.weight for m in mlp],
+        [m.down_proj.bias for m in mlp],
+        model.model.norm.weight,
+        model.lm_head.weight,
+        model.lm_head.bias,
+        model.config.rms_norm_eps,
+        first.heads,
+        first.kv_heads,
+        first.head_dim,
+    )
+    return DecodeWeights(len(layers), tensors)
+
+
+def decode_stack(
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    past: int,
+    rope: torch.Tensor,
+    bias: torch.Tensor | None,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    embedding: torch.Tensor,
+    input_norms: list[torch.Tensor],
+    qkv_weights: list[torch.Tensor],
+    qkv_biases: list[torch.Tensor | None],
+    o_weights: list[torch.Tensor],
+    o_biases: list[torch.Tensor | None],
+    post_norms: list[torch.Tensor],
+    gate_up_weights: list[torch.Tensor],
+    gate_up_biases: list[torch.Tensor | None],
+    down_weights: list[torch.Tensor],
+    down_biases: list[torch.Tensor | None],
+    final_norm: torch.Tensor,
+    head_weight: torch.Tensor,
+    head_bias: torch.Tensor | None,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+) -> torch.Tensor:
+    """The body of ``decode_logits`` on plain tensors, for TorchScript: the same kernels on the
+    same numbers in the same order (each one's Python call was a measurable share of a step
+    of a small model). ``ids`` and ``positions`` [B]; ``rope``: ``rope_table``; ``keys`` /
+    ``values``: the cache's buffers, each with room for position ``past``, where this step's
+    keys and values are written."""
+    x = F.embedding(ids, embedding)
+    batch = x.shape[0]
+    rows = rope.index_select(0, positions).view(batch, 1, 2 * dim)
+    cos, sin = rows.narrow(2, 0, dim), rows.narrow(2, dim, dim)
+    rotated = heads + kv_heads
+    group = heads // kv_heads
+    half = dim // 2
+    scale = dim**-0.5
+    # narrow/select rather than x[:, :, a:b]: TorchScript runs a slice op for every ':'
+    for index in range(len(qkv_weights)):
+        layer_keys, layer_values = keys[index], values[index]
+        qkv = F.linear(_rms_norm(x, input_norms[index], eps), qkv_weights[index], qkv_biases[index])
+        qkv = qkv.view(batch, rotated + kv_heads, dim)
+        qk = qkv.narrow(1, 0, rotated)
+        qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # roll by half a head: swap_halves
+        layer_keys.select(2, past).copy_(qk.narrow(1, heads, kv_heads))
+        layer_values.select(2, past).copy_(qkv.narrow(1, rotated, kv_heads))
+        grouped = qk.narrow(1, 0, heads).reshape(batch, kv_heads, group, dim)
+        scores = torch.matmul(grouped, layer_keys.narrow(2, 0, past + 1).transpose(2, 3))
+        if scores.dtype != torch.float32:
+            scores = scores.float()
+        scores.mul_(scale)
+        if bias is not None:
+            scores.add_(bias)
+        weights = scores.softmax(-1)
+        if weights.dtype != layer_values.dtype:
+            weights = weights.to(layer_values.dtype)
+        out = torch.matmul(weights, layer_values.narrow(2, 0, past + 1)).view(batch, heads * dim)
+        if o_biases[index] is None:
+            x = torch.addmm(x, out, o_weights[index].t())
+        else:
+            x = x + F.linear(out, o_weights[index], o_biases[index])
+        gate_up = F.linear(_rms_norm(x, post_norms[index], eps), gate_up_weights[index], gate_up_biases[index])
+        gate, up = gate_up.chunk(2, dim=-1)
+        if down_biases[index] is None:
+            x = torch.addmm(x, F.silu(gate).mul_(up), down_weights[index].t())
+        else:
+            x = x + F.linear(F.silu(gate).mul_(up), down_weights[index], down_biases[index])
+    return F.linear(_rms_norm(x, final_norm, eps), head_weight, head_bias)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``RMSNorm.forward``'s values. In float32 its ``F.rms_norm`` is, on the CPU, these steps
+    plus a dozen dispatches and copies of its own (the same bits: ``test_native_decode.py``);
+    in place here, 0.98x the time of a generation at 256 x 32."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))).mul_(weight)
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)

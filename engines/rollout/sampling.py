@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import torch
 
+from rl_train.engines.model.scripted import scripted
+
 
 def sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of ``logits`` [B, V] (``sample``, compiled by TorchScript where
+    it can be: a decode step calls it once, and its ten kernels' Python calls add up)."""
+    run = scripted(sample)
+    return (run or sample)(logits, temperature, top_p, generator)
+
+
+def sample(
     logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of ``logits`` [B, V].

@@ -31,7 +31,14 @@ import torch
 
 from rl_train.engines.model.loading import is_native, load_policy, new_kv_cache
 from rl_train.engines.model.native import fuse_projections, unfuse_projections
-from rl_train.engines.model.native_decode import can_decode_fast, decode_logits, generation_bias
+from rl_train.engines.model.native_decode import (
+    DecodeWeights,
+    can_decode_fast,
+    decode_logits,
+    decode_weights,
+    generation_bias,
+)
+from rl_train.engines.model.scripted import unoptimized
 from rl_train.engines.rollout.kept_kv import DEFAULT_MAX_MIB, KeptEntry, KeptKV, assemble, gather_group
 from rl_train.engines.rollout.protocol import (
     EngineStateError,
@@ -142,10 +149,11 @@ class TorchRolloutEngine:
         chosen: list[torch.Tensor] = []  # each MoE layer's experts for the tokens of the last forward
         hooks = self._route_hooks(chosen) if with_routes else []
         try:
-            ran = self._decode(
-                requests, params, generator, input_ids, attention, positions, cache, distinct, contexts, budget,
-                new_ids, new_logps, stop, routes, chosen, with_routes,
-            )  # fmt: skip
+            with unoptimized():  # the scripted step and sampling, interpreted as written (scripted.py)
+                ran = self._decode(
+                    requests, params, generator, input_ids, attention, positions, cache, distinct, contexts, budget,
+                    new_ids, new_logps, stop, routes, chosen, with_routes,
+                )  # fmt: skip
         finally:
             for hook in hooks:
                 hook.remove()
@@ -247,14 +255,16 @@ class TorchRolloutEngine:
         positions: torch.Tensor,
         cache: Any,
         bias: torch.Tensor | None = None,
+        weights: DecodeWeights | None = None,
     ) -> torch.Tensor:
         """Logits [B, V] of the token after each row, the rows' keys and values added to ``cache``.
         A decode step of the native model (one token per row) skips its modules: the same
         kernels on the same numbers (``native_decode``), 0.93-0.96x the time of a generation at
         256 rows x 32 tokens. ``bias``: the generation's ``generation_bias``, which a fast
-        decode step reads in place of ``attention``."""
+        decode step reads in place of ``attention``; ``weights``: the generation's
+        ``decode_weights``."""
         if ids.shape[1] == 1 and self.fast_decode and self._fused:
-            return decode_logits(self.model, ids, attention, positions, cache, bias)
+            return decode_logits(self.model, ids, attention, positions, cache, bias, weights)
         keep = {"logits_to_keep": 1} if self._native else {}
         out = self.model(
             input_ids=ids, attention_mask=attention, position_ids=positions, cache=cache, use_cache=True, **keep
@@ -304,14 +314,16 @@ class TorchRolloutEngine:
         step_ids, step_pos = input_ids, positions
         steps = max(budget, default=0)
         # a fast decode step reads the whole generation's mask as one bias, made once here
-        bias = generation_bias(attention, steps) if attention is not None and self.fast_decode and self._fused else None
+        fast = self.fast_decode and self._fused
+        bias = generation_bias(attention, steps) if attention is not None and fast else None
+        weights = decode_weights(self.model) if fast else None  # gathered once: written in place meanwhile
         for step in range(steps):
             if self._abort.is_set():
                 break
             if step == 0 and distinct is not None:
                 logits = self._prefill_distinct(step_ids, attention, step_pos, cache, distinct)
             else:
-                logits = self._next_logits(step_ids, attention, step_pos, cache, bias)
+                logits = self._next_logits(step_ids, attention, step_pos, cache, bias, weights)
             if with_routes:
                 self._keep_routes(chosen, step_ids.shape, routes, contexts if step == 0 else None)
             tokens, logps = sample_tokens(logits, params.temperature, params.top_p, generator)
