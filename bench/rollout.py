@@ -20,7 +20,9 @@ after one warm-up of each, and the table reports medians, so that a noisy machin
 alike, and the median and range of each rep's own ratio (its two runs back to back).
 Both run in this process with the same torch thread count (``--threads``) and the same heap:
 by default it keeps freed memory as a rollout worker's process does (``--heap kept``,
-``engines/workers/host_memory.py``), or runs on glibc's own settings (``--heap default``).
+``engines/workers/host_memory.py``), or runs on glibc's own settings (``--heap default``),
+and once both models are built takes its objects out of the collector's full passes as a
+rollout worker does (``--gc frozen``; ``--gc default``: Python's own collector).
 
     python -m rl_train.bench.rollout                        # 1,024 x 4 and 256 x 32
     python -m rl_train.bench.rollout --reps 7 --threads 1
@@ -43,7 +45,7 @@ import torch
 
 from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
-from rl_train.engines.workers.host_memory import keep_freed_memory
+from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO / "models" / "tiny-qwen2"
@@ -204,6 +206,13 @@ def main(argv: list[str] | None = None) -> None:
         default="kept",
         help="kept: the process keeps freed memory as a rollout worker's does (host_memory); default: glibc's own",
     )
+    parser.add_argument(
+        "--gc",
+        choices=("frozen", "default"),
+        default="frozen",
+        help="frozen: once both models are built, the process's objects leave the collector's full passes, as a "
+        "rollout worker's do (host_memory.freeze_built_objects); default: Python's own",
+    )
     args = parser.parse_args(argv)
     if args.heap == "kept":
         keep_freed_memory()
@@ -211,11 +220,13 @@ def main(argv: list[str] | None = None) -> None:
     cases = [parse_case(c) for c in args.case or DEFAULT_CASES]
     engine = TorchRolloutEngine(args.model, max_batch_size=max(c.prompts for c in cases))
     hf_model = load_hf(Path(args.model))
+    if args.gc == "frozen":
+        freeze_built_objects()
     for case in cases:
         measure(case, engine, hf_model, args.reps)
     print(
         f"{args.model}: medians of {args.reps} interleaved runs per side; {args.threads} torch threads; "
-        f"{args.heap} heap"
+        f"{args.heap} heap; {args.gc} objects"
     )
     print(format_table(cases))
 

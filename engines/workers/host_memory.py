@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
 from functools import cache
@@ -87,3 +88,19 @@ def release_freed_memory() -> bool:
     ``keep_freed_memory`` keeps, once a worker has freed much on purpose. True if any went."""
     libc = _glibc()
     return bool(libc.malloc_trim(0)) if libc is not None else False
+
+
+def freeze_built_objects() -> int:
+    """Take the Python objects the process has built so far (modules, the engine, its model's
+    parameters) out of the cyclic collector's generations (``gc.freeze``); returns how many.
+
+    Why. Python's collector walks every tracked object of the oldest generation in a full
+    collection, which the per-request lists of a rollout's results trigger every few batches.
+    A rollout process holds some hundred thousand such objects after start-up, none of which
+    will ever be garbage: at 1,024 prompts x 4 tokens every eighth generation met a full pass
+    and took about three times as long (``python -m rl_train.bench.rollout --gc default``: its
+    pairs' ratios reached down to 0.47x; ``--gc frozen``: 2.42-2.69x). What the work allocates
+    afterwards is collected as before; only cycles among the frozen objects would outlive
+    their last use, and start-up builds none that it drops."""
+    gc.freeze()
+    return gc.get_freeze_count()

@@ -16,7 +16,7 @@ from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.rollout.tool_env import DelayedCalls, ToolEnvConfig
 from rl_train.engines.weight_sync.base import WeightReceiver
 from rl_train.engines.workers.generation_loop import GenerationLoop
-from rl_train.engines.workers.host_memory import keep_freed_memory, release_freed_memory
+from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory, release_freed_memory
 from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.engines.workers.placement import check_device
 from rl_train.engines.workers.turn_taking import TurnTakingEngine
@@ -92,6 +92,7 @@ class RolloutWorker:
         )
         self._incarnation = uuid.uuid4().hex
         """New each time the actor is (re)constructed: how the pools notice a restart."""
+        freeze_built_objects()  # the start-up's objects leave the collector's full passes
 
     def where(self) -> dict[str, str]:
         """The node this actor runs on: Ray's id and address of it."""

@@ -15,7 +15,7 @@ from rl_train.engines.node_address import node_address
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.nonfinite import NonFiniteStepGuard
 from rl_train.engines.weight_sync.base import WeightSender
-from rl_train.engines.workers.host_memory import keep_freed_memory
+from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory
 from rl_train.engines.workers.placement import check_device
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
@@ -144,6 +144,7 @@ class TrainerWorker:
             else None
         )
         self.pad_token_id = int(self.engine.tokenizer.pad_token_id)
+        freeze_built_objects()  # the engines' objects leave the collector's full passes
 
     def _records(self, partition: str, keys: list[str], fields: list[str]) -> list[dict[str, Any]]:
         return ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS + fields)) if keys else []

@@ -52,7 +52,7 @@ def test_the_table_gives_each_pair_s_ratio_median_and_range() -> None:
 
 def test_main_says_which_heap_both_sides_ran_on(policy_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # ``--heap default`` here: ``kept`` would change this test process's allocator for good
-    main(["--model", str(policy_dir), "--case", "2x2", "--reps", "1", "--threads", "1", "--heap", "default"])
+    main(["--model", str(policy_dir), "--case", "2x2", "--reps", "1", "--threads", "1", "--heap", "default", "--gc", "default"])
     out = capsys.readouterr().out
-    assert "medians of 1 interleaved runs per side; 1 torch threads; default heap" in out
+    assert "medians of 1 interleaved runs per side; 1 torch threads; default heap; default objects" in out
     assert "| 2 x 2 |" in out
