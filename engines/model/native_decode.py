@@ -76,7 +76,7 @@ def decode_logits(
     scripted = compiled(decode_stack)
     if scripted is not None and _cache_holds(cache, weights.layers, past + 1):
         table = rope_table(backbone, past + 1, embedding.dtype)
-        logits = scripted(ids.view(-1), positions.view(-1), past, table, bias, cache.keys, cache.values, *weights.tensors)
+        logits = scripted(ids.reshape(-1), positions.reshape(-1), past, table, bias, cache.keys, cache.values, *weights.tensors)
         cache.length = past + 1
         return logits
     cos, sin = rope_lookup(backbone, positions, past + 1, embedding.dtype)  # [B, 1, D]
