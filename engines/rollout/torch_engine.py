@@ -38,7 +38,6 @@ from rl_train.engines.model.native_decode import (
     decode_weights,
     generation_bias,
 )
-from rl_train.engines.model.scripted import unoptimized
 from rl_train.engines.rollout.kept_kv import DEFAULT_MAX_MIB, KeptEntry, KeptKV, assemble, gather_group
 from rl_train.engines.rollout.protocol import (
     EngineStateError,
@@ -149,11 +148,10 @@ class TorchRolloutEngine:
         chosen: list[torch.Tensor] = []  # each MoE layer's experts for the tokens of the last forward
         hooks = self._route_hooks(chosen) if with_routes else []
         try:
-            with unoptimized():  # the scripted step and sampling, interpreted as written (scripted.py)
-                ran = self._decode(
-                    requests, params, generator, input_ids, attention, positions, cache, distinct, contexts, budget,
-                    new_ids, new_logps, stop, routes, chosen, with_routes,
-                )  # fmt: skip
+            ran = self._decode(
+                requests, params, generator, input_ids, attention, positions, cache, distinct, contexts, budget,
+                new_ids, new_logps, stop, routes, chosen, with_routes,
+            )  # fmt: skip
         finally:
             for hook in hooks:
                 hook.remove()

@@ -91,16 +91,19 @@ def release_freed_memory() -> bool:
 
 
 def freeze_built_objects() -> int:
-    """Take the Python objects the process has built so far (modules, the engine, its model's
-    parameters) out of the cyclic collector's generations (``gc.freeze``); returns how many.
+    """Collect what start-up left as garbage, then take the Python objects the process has
+    built so far (modules, the engine, its model's parameters) out of the cyclic collector's
+    generations (``gc.freeze``); returns how many were frozen.
 
     Why. Python's collector walks every tracked object of the oldest generation in a full
     collection, which the per-request lists of a rollout's results trigger every few batches.
     A rollout process holds some hundred thousand such objects after start-up, none of which
     will ever be garbage: at 1,024 prompts x 4 tokens every eighth generation met a full pass
     and took about three times as long (``python -m rl_train.bench.rollout --gc default``: its
-    pairs' ratios reached down to 0.47x; ``--gc frozen``: 2.42-2.69x). What the work allocates
-    afterwards is collected as before; only cycles among the frozen objects would outlive
-    their last use, and start-up builds none that it drops."""
+    pairs' ratios reached down to 0.47x; ``--gc frozen``: 2.42-2.69x). The cost: a cycle that
+    runs through a frozen object is never collected, only freed by reference counting, so
+    this is for a process's own built state, once (a worker when its engines are up; not the
+    spare rescue engine, which is built in a training rank's process mid-run)."""
+    gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -92,7 +92,8 @@ class RolloutWorker:
         )
         self._incarnation = uuid.uuid4().hex
         """New each time the actor is (re)constructed: how the pools notice a restart."""
-        freeze_built_objects()  # the start-up's objects leave the collector's full passes
+        if not rescue:  # the spare shares a training rank's process, which froze its own at start
+            freeze_built_objects()  # the start-up's objects leave the collector's full passes
 
     def where(self) -> dict[str, str]:
         """The node this actor runs on: Ray's id and address of it."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import rl_train.bench.rollout as bench
 from rl_train.bench.rollout import Case, demo_prompts, format_table, load_hf, main, measure, parse_case
 from rl_train.engines.model.tiny import create_tiny_policy
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
@@ -56,3 +57,21 @@ def test_main_says_which_heap_both_sides_ran_on(policy_dir: Path, capsys: pytest
     out = capsys.readouterr().out
     assert "medians of 1 interleaved runs per side; 1 torch threads; default heap; default objects" in out
     assert "| 2 x 2 |" in out
+
+
+def test_frozen_objects_are_the_default_and_come_once_both_models_are_built(
+    policy_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded: list[str] = []
+    real_load = bench.load_hf
+
+    def load(path: Path) -> object:
+        loaded.append("hf")
+        return real_load(path)
+
+    monkeypatch.setattr(bench, "load_hf", load)
+    # the real freeze would keep this test process's objects out of its collector for good
+    monkeypatch.setattr(bench, "freeze_built_objects", lambda: loaded.append("frozen") or 0)
+    main(["--model", str(policy_dir), "--case", "2x2", "--reps", "1", "--threads", "1", "--heap", "default"])
+    assert loaded == ["hf", "frozen"]
+    assert "default heap; frozen objects" in capsys.readouterr().out
