@@ -3,11 +3,11 @@
 Why. At 256 rows of the demo's 64-wide policy a decode step is some 120 small kernels, and
 the modules' calls around them (``nn.Module.__call__``, the [B, 1, ...] views and transposes
 of a general forward, a separate kernel for each residual add) are a measurable share of it.
-This is the same step written as straight calls on the same weights: the residual adds are
-folded into the output projections' matmuls (``addmm``), and q, k and v stay [B, heads, D].
-Every kernel that computes a value is the one the module forward runs on the same numbers,
-in the same order, so the logits and the keys and values it writes to the cache are the
-module forward's (``tests/unit/test_native_decode.py`` holds it to that).
+This is the same step written as straight calls on the same weights (``decode_stack``): the
+residual adds are folded into the output projections' matmuls (``addmm``), and q, k and v
+stay [B, heads, D]. Its logits and the keys and values it writes to the cache are the module
+forward's to float rounding (``tests/unit/test_native_decode.py``). It is compiled by
+TorchScript where it can be (``scripted.py``), else it runs from Python, with the same bits.
 
 It reads the stacked q/k/v and gate/up weights that ``fuse_projections`` makes (a rollout
 engine's model); ``can_decode_fast`` says whether a model has them.
@@ -26,10 +26,8 @@ from rl_train.engines.model.native import (
     KVCache,
     NativeCausalLM,
     attention_mask_4d,
-    decode_attention,
     decode_bias,
     rope_tables,
-    swap_halves,
 )
 from rl_train.engines.model.scripted import scripted as compiled
 
@@ -66,46 +64,23 @@ def decode_logits(
         raise ValueError(f"decode_logits takes one token per row, ids of shape [B, 1]; got {tuple(ids.shape)}")
     if weights is None:
         weights = decode_weights(model)
+    past = cache.length
+    if not _cache_holds(cache, weights.layers, past + 1):
+        # a cache without room for this step (or none yet): the module forward makes and grows it
+        if attention_mask is None and bias is not None:
+            attention_mask = (bias[:, 0, 0, : past + 1] == 0).long()
+        return model(ids, attention_mask, positions, cache, logits_to_keep=1).logits[:, -1]
     backbone = model.model
-    batch, past = ids.shape[0], cache.length
     embedding = backbone.embed_tokens.weight
     if bias is None:
         bias = decode_bias(attention_mask_4d(attention_mask, past, 1, embedding.device))
     else:
         bias = bias[..., : past + 1]
-    scripted = compiled(decode_stack)
-    if scripted is not None and _cache_holds(cache, weights.layers, past + 1):
-        table = rope_table(backbone, past + 1, embedding.dtype)
-        logits = scripted(ids.reshape(-1), positions.reshape(-1), past, table, bias, cache.keys, cache.values, *weights.tensors)
-        cache.length = past + 1
-        return logits
-    cos, sin = rope_lookup(backbone, positions, past + 1, embedding.dtype)  # [B, 1, D]
-    x = F.embedding(ids[:, 0], embedding)  # [B, hidden]
-    for index, layer in enumerate(backbone.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        heads, kv_heads, dim = attn.heads, attn.kv_heads, attn.head_dim
-        rotated = heads + kv_heads
-        qkv = F.linear(layer.input_layernorm.forward(x), attn.fused.weight, attn.fused.bias)
-        qkv = qkv.view(batch, rotated + kv_heads, dim)
-        qk = qkv[:, :rotated]
-        qk = torch.addcmul(qk * cos, swap_halves(qk), sin)
-        keys, values = cache.append(index, qk[:, heads:, None], qkv[:, rotated:, None])
-        out = decode_attention(qk[:, :heads, None], keys, values, bias, dim**-0.5)
-        x = _add_projected(x, out.view(batch, heads * dim), attn.o_proj)
-        gate, up = F.linear(layer.post_attention_layernorm.forward(x), mlp.fused.weight, mlp.fused.bias).chunk(2, dim=-1)
-        x = _add_projected(x, F.silu(gate).mul_(up), mlp.down_proj)
+    run = compiled(decode_stack) or decode_stack
+    table = rope_table(backbone, past + 1, embedding.dtype)
+    logits = run(ids.reshape(-1), positions.reshape(-1), past, table, bias, cache.keys, cache.values, *weights.tensors)
     cache.length = past + 1
-    return F.linear(backbone.norm.forward(x), model.lm_head.weight, model.lm_head.bias)
-
-
-def rope_lookup(backbone: nn.Module, positions: torch.Tensor, bound: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, signed sin) [B, 1, D] of ``positions`` [B, 1] (each below ``bound``), gathered from
-    ``rope_table``: one gather a decode step where computing them is about ten kernels (the
-    same elementwise values, to float rounding of the vectorized cos and sin)."""
-    table = rope_table(backbone, bound, dtype)
-    rows = table.index_select(0, positions.reshape(-1)).view(positions.shape[0], 1, -1)
-    dim = table.shape[1] // 2
-    return rows[..., :dim], rows[..., dim:]
+    return logits
 
 
 def rope_table(backbone: nn.Module, bound: int, dtype: torch.dtype) -> torch.Tensor:
@@ -130,14 +105,6 @@ def generation_bias(attention_mask: torch.Tensor, new_tokens: int) -> torch.Tens
     bias = decode_bias(mask[:, None, None, :])
     assert bias is not None
     return bias
-
-
-def _add_projected(x: torch.Tensor, inputs: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """``x + linear(inputs)``: one ``addmm`` where the projection has no bias (the residual is
-    added to the product as the separate add would add it), else the two steps."""
-    if linear.bias is None:
-        return torch.addmm(x, inputs, linear.weight.t())
-    return x + F.linear(inputs, linear.weight, linear.bias)
 
 
 def _cache_holds(cache: KVCache, layers: int, positions: int) -> bool:

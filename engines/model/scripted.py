@@ -66,5 +66,4 @@ def _compile(fn: Callable[..., Any]) -> Callable[..., Any] | None:
             return compiled(*args)
 
     interpreted.__qualname__ = f"scripted({fn.__qualname__})"
-    interpreted.graph = compiled.graph  # type: ignore[attr-defined]
     return interpreted
