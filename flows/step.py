@@ -20,6 +20,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 from rl_train import tasks
 from rl_train.algorithms.config import estimator_reads_greedy_baseline
 from rl_train.config import Config
+from rl_train.flows.metric_merge import merge_local_updates
 from rl_train.tasks.retry import call_with_retries
 
 if TYPE_CHECKING:
@@ -77,27 +78,30 @@ def run_global_step(trainer: BaseTrainer, step: int, direct: bool, label: str | 
     ctx, cfg, run_id = trainer.context, trainer.config, trainer.run_id
     run = PhaseRunner(direct, label)
     plan = StepPlan.from_config(cfg)
-    metrics: dict[str, float] = {}
+    parts: list[dict[str, float]] = []
     groups = cfg.trainer.train_batch_size // cfg.trainer.parameter_sync_step
     for local in range(cfg.trainer.parameter_sync_step):
+        part: dict[str, float] = {}
+        parts.append(part)
         trainer.on_sample_begin(step, local)
         batch_id = run(tasks.generate, ctx.replay_buffer, step, groups)
         if plan.greedy_baseline:  # before rollout sleeps: the replicas that sampled answer greedily
-            metrics.update(run(tasks.greedy_baseline, run_id, batch_id))
+            part.update(run(tasks.greedy_baseline, run_id, batch_id))
         trainer.on_sample_end(step, local)
-        metrics.update(run(tasks.reward, run_id, batch_id))
-        metrics.update(run(tasks.balance, run_id, batch_id))
-        metrics.update(run(tasks.old_log_prob, run_id, batch_id))
+        part.update(run(tasks.reward, run_id, batch_id))
+        part.update(run(tasks.balance, run_id, batch_id))
+        part.update(run(tasks.old_log_prob, run_id, batch_id))
         if plan.ref:
             run(tasks.ref, run_id, batch_id)
         if plan.critic:
             run(tasks.values, run_id, batch_id)
-        metrics.update(run(tasks.advantage, run_id, batch_id))
+        part.update(run(tasks.advantage, run_id, batch_id))
         if plan.critic:
-            metrics.update(run(tasks.critic_update, run_id, batch_id))
-        metrics.update(run(tasks.update, run_id, batch_id))
+            part.update(run(tasks.critic_update, run_id, batch_id))
+        part.update(run(tasks.update, run_id, batch_id))
         ctx.trained += ctx.pools.batch(batch_id, ["groups"])["groups"]
         ctx.replay_buffer.release(batch_id)
+    metrics = merge_local_updates(parts)  # every local update's groups, not only the last's
     metrics.update(trainer.on_step_end(step, run))
     metrics.update(run.timings)
     return metrics
