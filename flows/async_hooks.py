@@ -38,8 +38,9 @@ class AsyncTrainerHooks(BaseTrainer):
         self.replay_buffer.dispatch(cfg.train_batch_size // cfg.parameter_sync_step, step=1)
 
     def on_train_end(self) -> None:
-        """Stop background generation; a replica already gone must not keep teardown from running."""
-        self.pools.pause_generation(missing_ok=True)
+        """Stop background generation, tool waits included; a replica already gone must not keep
+        teardown from running."""
+        self.pools.stop_generation(missing_ok=True)
 
     def on_validate_begin(self, step: int) -> None:
         self.pools.pause_generation()

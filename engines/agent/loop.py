@@ -20,9 +20,14 @@ round generates, as one engine batch, every trajectory whose tool has answered b
 the other calls keep running. ``tool_latency_median_s`` adds a heavy-tailed (lognormal) delay
 to every call, drawn from the trajectory's id and turn alone, so that every trainer mode meets
 the same tail on the same prompts: the latency of a real sandbox, for the async benchmarks. A
-delay past the tool time limit answers with the time-out error. A ``stop`` event (set while the
-replica is held for a weight sync) ends the trajectories still in flight as ``aborted`` at once,
-rather than after their tools answer.
+delay past the tool time limit answers with the time-out error.
+
+Two interruptions. A ``stop`` event (set while the replica is held at the end of a run) ends
+the trajectories still in flight as ``aborted`` at once, rather than after their tools answer.
+An engine aborted while ``stop`` is clear (a pause: a weight push, the colocated mode's
+training) interrupts a turn only: the trajectory keeps the tokens it got, under the weights
+that sampled them, and its next round continues the same turn from them (the engine call
+waits out the pause); a trajectory waiting on its tool is not touched.
 
 The sequence is never re-tokenized: the ids the engine produced are kept as they are, and only
 each new observation is encoded. ``first_drift`` shows where a re-tokenization of the whole
@@ -100,14 +105,17 @@ class AgentTrajectory:
     """Every state the loop passed through, in order."""
     routes: list[Any] | None = None
     """single_turn with routes asked for: the experts the engine used (R3)."""
+    turn_start: int | None = None
+    """Where the turn an engine abort interrupted began in ``response_ids`` (None between turns)."""
 
-    def add_generated(self, ids: list[int], log_probs: list[float], versions: list[int]) -> None:
-        """A model turn's ids (mask 1), with their log-probs and weight versions."""
+    def add_generated(self, ids: list[int], log_probs: list[float], versions: list[int], ended: bool = True) -> None:
+        """A model turn's ids (mask 1), with their log-probs and weight versions; ``ended`` false:
+        the turn was interrupted and goes on in the next round (not counted yet)."""
         self.response_ids += ids
         self.response_mask += [1] * len(ids)
         self.log_probs += log_probs
         self.token_versions += versions
-        self.turns += 1
+        self.turns += int(ended)
 
     def add_observed(self, ids: list[int], version: int, budget: int) -> None:
         """What the world said back (mask 0, log-prob 0), cut to a response of ``budget`` tokens."""
@@ -154,15 +162,23 @@ class ToolAgentLoop:
         params: SamplingParams,
         stop: threading.Event | None = None,
         on_done: Callable[[AgentTrajectory], None] | None = None,
+        admit: Callable[[], list[tuple[str, list[int]]]] | None = None,
     ) -> list[AgentTrajectory]:
         """(request id, prompt ids) of each trajectory -> the trajectories, in that order.
 
         ``stop``: once set, every trajectory still in flight ends ``aborted`` (the engine's abort
         ends the ones generating; this ends the ones waiting on a tool). ``on_done`` is called,
         on this thread, with each trajectory as soon as it has ended (any reason), while the
-        others go on: a caller can hand finished work on without waiting for the batch's tail."""
+        others go on: a caller can hand finished work on without waiting for the batch's tail.
+        ``admit`` is asked, before each round and while waiting on tools, for more (request id,
+        prompt ids): they join the batch, after the given ones in the result."""
         trajectories = [AgentTrajectory(rid, list(ids), states=[AgentState.PENDING]) for rid, ids in starts]
         reported: set[str] = set()
+
+        def admitted() -> list[AgentTrajectory]:
+            new = [AgentTrajectory(rid, list(ids), states=[AgentState.PENDING]) for rid, ids in (admit() if admit else [])]
+            trajectories.extend(new)
+            return new
 
         def report() -> None:
             for trajectory in trajectories:
@@ -180,11 +196,14 @@ class ToolAgentLoop:
             while ready or waiting:
                 if stop is not None and stop.is_set():
                     break
+                ready += admitted()
                 generating = [t for t in ready if not self._out_of_room(t)]
-                if generating and self._generate_round(generating, turn_params, pool, waiting):
+                interrupted: list[AgentTrajectory] = []
+                if generating and self._generate_round(generating, turn_params, pool, waiting, stop, interrupted):
                     break  # the engine was aborted: the replica is being held
                 report()
-                ready = self._answered(waiting, stop)
+                # an interrupted turn goes on at once (its engine call waits out the pause)
+                ready = interrupted + self._answered(waiting, stop, block=not interrupted, more=admitted)
             for trajectory in [*ready, *(w.trajectory for w in waiting)]:
                 if not trajectory.stop_reason:
                     self._end(trajectory, "aborted")
@@ -194,23 +213,41 @@ class ToolAgentLoop:
         return trajectories
 
     def _generate_round(
-        self, generating: list[AgentTrajectory], params: SamplingParams, pool: ThreadPoolExecutor, waiting: list[_ToolWait]
+        self,
+        generating: list[AgentTrajectory],
+        params: SamplingParams,
+        pool: ThreadPoolExecutor,
+        waiting: list[_ToolWait],
+        stop: threading.Event | None = None,
+        interrupted: list[AgentTrajectory] | None = None,
     ) -> bool:
-        """One engine batch; each turn that calls a tool starts the call. True when it was aborted."""
+        """One engine batch; each turn that calls a tool starts the call. True when it was aborted
+        under ``stop`` (or with no ``stop`` to tell a pause by); a turn aborted by a pause is kept
+        and goes into ``interrupted``, to go on."""
         for trajectory in generating:
-            trajectory.states.append(AgentState.GENERATING)
+            if trajectory.turn_start is None:  # an interrupted turn is still the same GENERATING
+                trajectory.states.append(AgentState.GENERATING)
         last_turn = self.limits.max_turns - 1
         requests = [
             GenerationRequest(t.request_id, t.prompt_ids, list(t.response_ids), keep_kv=t.turns < last_turn)
             for t in generating
         ]
         aborted = False
+        paused = stop is not None and interrupted is not None
         for trajectory, result in zip(generating, self.engine.generate(requests, params), strict=True):
-            new_ids = self._append_turn(trajectory, result)
+            start = len(trajectory.response_ids) if trajectory.turn_start is None else trajectory.turn_start
+            pause = result.stop_reason == "aborted" and paused and not stop.is_set()  # type: ignore[union-attr]
+            self._append_turn(trajectory, result, ended=not pause)
+            if pause:
+                trajectory.turn_start = start
+                interrupted.append(trajectory)  # type: ignore[union-attr]
+                continue
+            trajectory.turn_start = None
             if result.stop_reason == "aborted":
                 self._end(trajectory, "aborted")
                 aborted = True
                 continue
+            new_ids = trajectory.response_ids[start:]
             call = parse_tool_call(self.tokenizer.decode(new_ids, skip_special_tokens=True))
             if call is None:
                 self._end(trajectory, result.stop_reason)
@@ -234,10 +271,21 @@ class ToolAgentLoop:
             answer = pool.submit(run_tool, call[0], call[1], timeout)
         return _ToolWait(trajectory, call, answer, time.monotonic() + delay, delay)
 
-    def _answered(self, waiting: list[_ToolWait], stop: threading.Event | None) -> list[AgentTrajectory]:
-        """Waits until at least one call has answered (or ``stop`` is set); takes every answered call
-        out of ``waiting``, observes its answer and returns those trajectories, ready to generate."""
+    def _answered(
+        self,
+        waiting: list[_ToolWait],
+        stop: threading.Event | None,
+        block: bool = True,
+        more: Callable[[], list[AgentTrajectory]] | None = None,
+    ) -> list[AgentTrajectory]:
+        """Waits until at least one call has answered, or ``more`` (asked at each look) gives new
+        trajectories, or ``stop`` is set (not at all unless ``block``); takes every answered call
+        out of ``waiting``, observes its answer and returns those trajectories (and the new ones),
+        ready to generate."""
         while waiting:
+            new = more() if more is not None else []
+            if new:
+                return new + self._answered(waiting, stop, block=False)
             now = time.monotonic()
             done = [w for w in waiting if w.answer.done() and w.ready_at <= now]
             if done:
@@ -247,12 +295,12 @@ class ToolAgentLoop:
                     result.seconds += wait_.delay
                     self._observe(wait_.trajectory, wait_.call, result)
                 return [w.trajectory for w in done]
-            if stop is not None and stop.is_set():
+            if not block or (stop is not None and stop.is_set()):
                 return []
             running = [w.answer for w in waiting if not w.answer.done()]
             next_ready = min((w.ready_at for w in waiting if w.answer.done()), default=None)
             timeout = None if next_ready is None else max(next_ready - now, 0.0)
-            if stop is not None:
+            if stop is not None or more is not None:
                 timeout = _POLL_SECONDS if timeout is None else min(timeout, _POLL_SECONDS)
             if running:
                 wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
@@ -268,9 +316,9 @@ class ToolAgentLoop:
         self._end(trajectory, "max_turns" if room > 0 else "length")
         return True
 
-    def _append_turn(self, trajectory: AgentTrajectory, result: Any) -> list[int]:
+    def _append_turn(self, trajectory: AgentTrajectory, result: Any, ended: bool = True) -> list[int]:
         new_ids = list(result.response_ids[len(trajectory.response_ids) :])
-        trajectory.add_generated(new_ids, list(result.log_probs), list(result.token_versions))
+        trajectory.add_generated(new_ids, list(result.log_probs), list(result.token_versions), ended)
         return new_ids
 
     def _observe(self, trajectory: AgentTrajectory, call: Call, result: ToolResult) -> None:

@@ -29,15 +29,20 @@ if TYPE_CHECKING:
 Start = tuple[str, list[int], list[int]]
 """(request id, prompt ids, response prefix)."""
 OnDone = Callable[[AgentTrajectory], None]
+Admit = Callable[[], list[Start]]
 AgentLoopFn = Callable[
-    ["RolloutEngine", list[Start], SamplingParams, "AgentConfig", "threading.Event | None", "OnDone | None"],
+    [
+        "RolloutEngine", list[Start], SamplingParams, "AgentConfig", "threading.Event | None", "OnDone | None",
+        "Admit | None",
+    ],
     list[AgentTrajectory],
-]
-"""(engine, starts, sampling, ``rollout.agent``, stop, on_done) -> trajectories. ``stop`` is set
-while the replica is held (a weight sync): a loop ends what it still has in flight as
+]  # fmt: skip
+"""(engine, starts, sampling, ``rollout.agent``, stop, on_done, admit) -> trajectories. ``stop``
+is set while the replica is held (the end of a run): a loop ends what it still has in flight as
 ``aborted``. A loop may call ``on_done`` with a trajectory as soon as it has ended (the tool
 loop does), so that its caller need not wait for the batch's slowest one; every trajectory
-is returned at the end either way."""
+is returned at the end either way. A loop that waits between rounds (the tool loop) may call
+``admit`` then for more starts, queued meanwhile: they join the batch and are returned with it."""
 
 AGENT_LOOPS: Registry[AgentLoopFn] = Registry("agent loop")
 
@@ -50,8 +55,9 @@ def single_turn(
     cfg: AgentConfig,
     stop: threading.Event | None = None,
     on_done: OnDone | None = None,
+    admit: Admit | None = None,
 ) -> list[AgentTrajectory]:
-    """One engine batch: every trajectory ends with it (``on_done`` has nothing to add)."""
+    """One engine batch: every trajectory ends with it (``on_done`` and ``admit`` have nothing to add)."""
     requests = [GenerationRequest(rid, ids, response_prefix=list(prefix)) for rid, ids, prefix in starts]
     states = [AgentState.PENDING, AgentState.GENERATING, AgentState.TERMINATED]
     return [
@@ -71,12 +77,14 @@ def tool_agent(
     cfg: AgentConfig,
     stop: threading.Event | None = None,
     on_done: OnDone | None = None,
+    admit: Admit | None = None,
 ) -> list[AgentTrajectory]:
     limits = AgentLimits(
         cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s, cfg.tool_latency_median_s, cfg.tool_latency_sigma
     )
     loop = ToolAgentLoop(engine, limits, cfg.tool_threads)
-    return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params, stop, on_done)
+    more = None if admit is None else (lambda: [(rid, ids) for rid, ids, _ in admit()])
+    return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params, stop, on_done, more)
 
 
 @AGENT_LOOPS.register("gateway_agent")
@@ -87,6 +95,7 @@ def gateway_agent(
     cfg: AgentConfig,
     stop: threading.Event | None = None,
     on_done: OnDone | None = None,
+    admit: Admit | None = None,
 ) -> list[AgentTrajectory]:
     """Each trajectory is a black-box agent's session on this replica's gateway (R-5.5)."""
     from rl_train.engines.agent.gateway_runs import run_gateway_agents

@@ -296,15 +296,23 @@ class WorkerPools:
         self._each_rollout("wake_up")
 
     def pause_generation(self, missing_ok: bool = False) -> None:
-        """Abort in-flight requests (kept as partial rollouts) and hold background generation.
+        """Pause the replicas' engines (in-flight requests kept as partial rollouts; tool calls in
+        flight go on) and hold background generation until ``resume_generation``.
 
         ``missing_ok``: a replica that has already died is not an error (teardown paths)."""
+        self._on_each_rollout("pause_generation", missing_ok)
+
+    def stop_generation(self, missing_ok: bool = False) -> None:
+        """End the replicas' background generation, tool waits included (the end of a run)."""
+        self._on_each_rollout("stop_generation", missing_ok)
+
+    def _on_each_rollout(self, method: str, missing_ok: bool) -> None:
         if not missing_ok:
-            self._each_rollout("pause_generation")
+            self._each_rollout(method)
             return
         for replica in self.rollouts:
             with contextlib.suppress(ray.exceptions.RayError):
-                ray.get(replica.pause_generation.remote())
+                ray.get(getattr(replica, method).remote())
 
     def resume_generation(self) -> None:
         self._each_rollout("resume_generation")

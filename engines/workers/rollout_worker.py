@@ -15,7 +15,7 @@ from rl_train.engines.rollout.protocol import SamplingParams
 from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.rollout.tool_env import DelayedCalls, ToolEnvConfig
 from rl_train.engines.weight_sync.base import WeightReceiver
-from rl_train.engines.workers.generation_loop import GenerationLoop
+from rl_train.engines.workers.generation_loop import GatedEngine, GenerationLoop, More
 from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory, release_freed_memory
 from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.engines.workers.placement import check_device
@@ -79,8 +79,10 @@ class RolloutWorker:
         self.tq = resolve_actor(tq)
         self.rescue = rescue
         self.off_version = rescue
-        """Whether the weights served may not be exactly the version they are tagged with: the
-        records written meanwhile say ``off_version`` (never copied as pi_old's log-probs)."""
+        """Whether the weights served may not be exactly the version they are tagged with."""
+        self._off_versions: set[int] = set()
+        """Versions this replica served off (a revive's push): a record with a token of one says
+        ``off_version`` (never copied as pi_old's log-probs), whenever it is written."""
         self._next_push_off_version = False
         self.receiver: WeightReceiver | None = None
         self.tool_latency = ToolEnvConfig(**(tool_env or {})).build()
@@ -90,6 +92,8 @@ class RolloutWorker:
         self.loop = GenerationLoop(
             self._generate_in_background, self.engine.abort, batches_in_flight=self.agent.batches_in_flight
         )
+        self.background = GatedEngine(self.turns, self.loop)
+        """The engine as background generation sees it: its calls wait out a pause."""
         self._incarnation = uuid.uuid4().hex
         """New each time the actor is (re)constructed: how the pools notice a restart."""
         if not rescue:  # the spare shares a training rank's process, which froze its own at start
@@ -116,10 +120,11 @@ class RolloutWorker:
         return written
 
     def _generate_in_background(
-        self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any]
+        self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any], more: More
     ) -> list[str]:
-        """The generation loop's batch: groups finish when their tool calls return (no waiting here)."""
-        _, unfinished, tool_deadlines = self._generate(partition, prompt_keys, n, params)
+        """The generation loop's batch: groups finish when their tool calls return (no waiting
+        here); a multi-turn batch takes in more queued groups as it runs (``more``)."""
+        _, unfinished, tool_deadlines = self._generate(partition, prompt_keys, n, params, self.background, more)
         for key, deadline in tool_deadlines.items():
             self.tool_calls.call_at(deadline, lambda key=key: self._finish_groups(partition, [key]))
         return unfinished
@@ -130,7 +135,13 @@ class RolloutWorker:
         )
 
     def _generate(
-        self, partition: str, prompt_keys: list[str], n: int, params: dict[str, Any]
+        self,
+        partition: str,
+        prompt_keys: list[str],
+        n: int,
+        params: dict[str, Any],
+        engine: Any = None,
+        more: More | None = None,
     ) -> tuple[list[str], list[str], dict[str, float]]:
         """(trajectory keys written, prompt keys left unfinished by an abort, tool deadlines).
 
@@ -143,58 +154,95 @@ class RolloutWorker:
         tool call. With a tool environment, each train trajectory's tool call starts when its
         generation ends; its group stays ``running`` until the group's last call returns
         (the returned wall-clock deadline, per prompt key), and the caller finishes it then.
+        ``engine``: the one the loops call (background generation's gated one); the replica's
+        own by default (a blocking call). ``more``: background generation's call for more queued
+        groups, which a multi-turn loop makes between rounds: they join this batch (a group
+        routed to another loop runs once this loop's batch has ended).
         """
-        prompts = ray.get(self.tq.get.remote(partition, prompt_keys))
-        prompt_tags = ray.get(self.tq.get_tags.remote(partition, prompt_keys))
-        ray.get(self.tq.set_tags.remote(partition, {k: {"status": "running"} for k in prompt_keys}))
-        by_key = dict(zip(prompt_keys, prompts, strict=True))
+        keys: list[str] = []
+        """Every prompt of this batch, those taken in as it ran included."""
+        by_key: dict[str, dict[str, Any]] = {}
+        earlier: dict[str, dict[str, Any]] = {}
+        loop_of: dict[str, str] = {}
+        expected: dict[str, int] = {}
         with_tools = self.tool_latency is not None and partition == "train"
         early: dict[str, list[Any]] = {}
         """Groups written as soon as they finished: prompt key -> their trajectories."""
+        ended: dict[str, list[Any]] = {}
         writes: list[Any] = []
-        try:
-            earlier = self._partials(partition, prompt_keys, prompt_tags, n)
-            loop_of = {key: self.agent.loop_for(prompt) for key, prompt in zip(prompt_keys, prompts, strict=True)}
+        results: list[Any] = []
+
+        def take(new_keys: list[str]) -> dict[str, list[Start]]:
+            """Tag ``new_keys`` running; their trajectories' starts, by agent loop."""
+            prompts, prompt_tags, _ = ray.get(
+                [
+                    self.tq.get.remote(partition, new_keys),
+                    self.tq.get_tags.remote(partition, new_keys),
+                    self.tq.set_tags.remote(partition, {k: {"status": "running"} for k in new_keys}),
+                ]
+            )
+            keys.extend(new_keys)
+            by_key.update(zip(new_keys, prompts, strict=True))
+            earlier.update(self._partials(partition, new_keys, prompt_tags, n))
             starts: dict[str, list[Start]] = {}
-            for key, prompt in zip(prompt_keys, prompts, strict=True):
+            for key, prompt in zip(new_keys, prompts, strict=True):
+                loop_of[key] = self.agent.loop_for(prompt)
                 ids = self.encode_prompt(prompt["prompt"])
+                expected[key] = 0
                 for j in range(n):
                     old = earlier.get(f"{key}/{j}")
                     if old is None or old["stop_reason"] == "aborted":
                         # a single turn continues its partial rollout; a tool loop starts afresh
                         prefix = list(old["response_ids"]) if old and loop_of[key] == "single_turn" else []
                         starts.setdefault(loop_of[key], []).append((f"{key}/{j}", ids, prefix))
-            expected = {k: sum(1 for b in starts.values() for s in b if s[0].rsplit("/", 1)[0] == k) for k in prompt_keys}
-            ended: dict[str, list[Any]] = {}
+                        expected[key] += 1
+            return starts
 
-            def on_done(trajectory: Any) -> None:  # called on this thread by the loops
-                key = trajectory.request_id.rsplit("/", 1)[0]
-                ended.setdefault(key, []).append(trajectory)
-                group = ended[key]
-                if with_tools or len(group) < expected[key] or any(t.stop_reason == "aborted" for t in group):
-                    return
-                records, tags = self._records(group, earlier, loop_of, by_key, False)
-                # submitted, not awaited: one caller's calls reach the queue actor in order
-                writes.append(self.tq.put.remote(partition, records, tags))
-                writes.append(self.tq.set_tags.remote(partition, {key: {"status": "finished", "partial": False}}))
-                early[key] = group
+        def on_done(trajectory: Any) -> None:  # called on this thread by the loops
+            key = trajectory.request_id.rsplit("/", 1)[0]
+            ended.setdefault(key, []).append(trajectory)
+            group = ended[key]
+            if with_tools or len(group) < expected[key] or any(t.stop_reason == "aborted" for t in group):
+                return
+            records, tags = self._records(group, earlier, loop_of, by_key, False)
+            # submitted, not awaited: one caller's calls reach the queue actor in order
+            writes.append(self.tq.put.remote(partition, records, tags))
+            writes.append(self.tq.set_tags.remote(partition, {key: {"status": "finished", "partial": False}}))
+            early[key] = group
 
+        try:
+            pending = take(prompt_keys)
             sampling = SamplingParams(**params)
             stop = self.loop.stopping
-            results = [
-                t
-                for loop, batch in starts.items()
-                for t in AGENT_LOOPS.get(loop)(self.turns, batch, sampling, self.agent, stop, on_done)
-            ]
+            while pending:
+                loop = next(iter(pending))
+                batch = pending.pop(loop)
+
+                def admit(loop: str = loop) -> list[Start]:
+                    """More queued groups, while this batch has room for them: the starts of
+                    those this loop answers (the others wait for their own loop's turn)."""
+                    unfinished = sum(1 for k in keys if k not in early and len(ended.get(k, [])) < expected[k])
+                    new = more(self.loop.max_groups_per_batch - unfinished) if more is not None else []
+                    if not new:
+                        return []
+                    starts = take(new)
+                    for other, other_starts in starts.items():
+                        if other != loop:
+                            pending.setdefault(other, []).extend(other_starts)
+                    return starts.get(loop, [])
+
+                results += AGENT_LOOPS.get(loop)(
+                    engine or self.turns, batch, sampling, self.agent, stop, on_done, admit if more is not None else None
+                )
         except Exception:
-            failed = {k: {"status": "failure"} for k in prompt_keys if k not in early}
+            failed = {k: {"status": "failure"} for k in dict.fromkeys([*prompt_keys, *keys]) if k not in early}
             ray.get([*writes, self.tq.set_tags.remote(partition, failed)])
             raise
         rest = [r for r in results if r.request_id.rsplit("/", 1)[0] not in early]
         records, tags = self._records(rest, earlier, loop_of, by_key, with_tools)
         writes.append(self.tq.put.remote(partition, records, tags))
         unfinished = sorted({k.rsplit("/", 1)[0] for k, t in tags.items() if t["status"] == "aborted"})
-        done = [k for k in prompt_keys if k not in unfinished and k not in early]
+        done = [k for k in keys if k not in unfinished and k not in early]
 
         def group(key: str) -> list[dict[str, Any]]:  # this batch's trajectories, else the stored ones
             return [records.get(f"{key}/{j}") or earlier[f"{key}/{j}"] for j in range(n)]
@@ -240,7 +288,7 @@ class RolloutWorker:
                 "group_id": key,
                 "data_source": by_key[key]["data_source"],
                 "ground_truth": by_key[key]["ground_truth"],
-                **({"off_version": True} if self.off_version else {}),
+                **({"off_version": True} if self.rescue or self._off_versions.intersection(versions) else {}),
             }
             if with_tools and result.stop_reason != "aborted":
                 assert self.tool_latency is not None
@@ -271,11 +319,16 @@ class RolloutWorker:
         self.loop.enqueue(partition, prompt_keys, n, params)
 
     def pause_generation(self) -> None:
-        """Abort in-flight requests (kept as partial rollouts) and generate nothing until resumed."""
-        self.loop.hold()
+        """Abort in-flight requests (kept as partial rollouts) and generate nothing until resumed;
+        tool calls in flight go on (``GenerationLoop.pause``)."""
+        self.loop.pause()
 
     def resume_generation(self) -> None:
-        self.loop.release()
+        self.loop.resume()
+
+    def stop_generation(self) -> None:
+        """End everything in flight, tool waits included, as aborted (the end of a run)."""
+        self.loop.hold()
 
     def pop_generation_errors(self) -> list[str]:
         """Errors of background generation and tool calls since the last call (then forgotten:
@@ -326,15 +379,18 @@ class RolloutWorker:
         ``final``, also the engine's own resources (an sglang replica's server).
 
         ``final=False``: the receiver is being reopened (a replica was revived), so background
-        generation goes on once it is closed."""
-        self.loop.hold()
+        generation goes on once it is closed (paused meanwhile, its tool calls going on)."""
+        if final:
+            self.loop.hold()
+        else:
+            self.loop.pause()
         receiver, self.receiver = self.receiver, None
         try:
             if receiver is not None:
                 receiver.close()
         finally:
             if not final:
-                self.loop.release()
+                self.loop.resume()
             else:  # the run is over: an engine with a server of its own stops it, and the gateway
                 from rl_train.engines.agent.gateway_runs import stop_gateways
 
@@ -344,16 +400,18 @@ class RolloutWorker:
                     close()
 
     def receive_weights(self, payload: Any, version: int, timeout_seconds: float) -> dict[str, float]:
-        """Quiesce background generation, load ``version``, resume: partials continue under it."""
+        """Pause the engine, load ``version``, resume: interrupted turns and partial rollouts go
+        on under it, and tool calls in flight were never stopped."""
         assert self.receiver is not None, "open_receiver() first"
-        self.loop.hold()
+        self.loop.pause()
         try:
             metrics = run_receiver(self.engine, self.receiver, payload, version, timeout_seconds)
-            # flipped while generation is held: no record straddles the flag
             self.off_version, self._next_push_off_version = self.rescue or self._next_push_off_version, False
+            if self.off_version:  # the tokens of this version say so, whenever their record is written
+                self._off_versions.add(version)
             return metrics
         finally:
-            self.loop.release()
+            self.loop.resume()
 
     def mark_next_push_off_version(self) -> None:
         """The next push's weights are not exactly the version they are tagged with (a revive in

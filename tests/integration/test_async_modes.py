@@ -44,6 +44,8 @@ def test_partial_rollout_resumes_under_new_weights_with_two_versions(tiny_model_
     worker.enqueue.remote("train", ["p0"], N, {"temperature": 3.0, "top_p": 1.0, "max_new_tokens": 64})
     _wait_for(lambda: ray.get(tq.get_tags.remote("train", ["p0"]))[0]["status"] == "running")
     ray.get(worker.pause_generation.remote())  # abort at the next token: the group stays partial
+    # the pause returns once the engine has stopped; the batch then writes what it got
+    _wait_for(lambda: ray.get(tq.get_tags.remote("train", ["p0"]))[0]["status"] != "running")
     tag = ray.get(tq.get_tags.remote("train", ["p0"]))[0]
     assert tag["status"] == "pending" and tag["partial"]
     keys = [f"p0/{j}" for j in range(N)]

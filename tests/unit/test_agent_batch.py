@@ -131,6 +131,92 @@ def test_stop_ends_the_trajectories_waiting_on_tools_as_aborted(tokenizer) -> No
     assert [t.stop_reason for t in out] == ["aborted", "eos"] and out[0].states[-1].value == "terminated"
 
 
+class Pausing(BatchScript):
+    """``a``'s first turn is cut by a pause half-way (the engine's abort while the loop's ``stop``
+    is clear); the weights change meanwhile (version 2 -> 3)."""
+
+    def __init__(self, tokenizer, scripts: dict[str, list[str]]) -> None:
+        super().__init__(tokenizer, scripts)
+        self.prefixes: list[list[int]] = []
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        out = super().generate(requests, params)
+        for i, request in enumerate(requests):
+            if request.request_id == "a" and len(self.batches) == 1:  # cut after 5 tokens
+                cut = len(request.response_prefix) + 5
+                out[i] = GenerationResult("a", request.prompt_ids, out[i].response_ids[:cut], [-0.5] * 5, [2] * 5, "aborted")
+                self.scripts["a"].insert(0, "")  # the rest of that turn comes next
+                self.rest = out[i]
+            elif request.request_id == "a" and len(self.batches) == 2:
+                self.prefixes.append(list(request.response_prefix))
+                whole = self.tokenizer.encode(_calc("1+2"), add_special_tokens=False)
+                new = [*whole[5:], self.tokenizer.eos_token_id]
+                out[i] = GenerationResult("a", request.prompt_ids, [*request.response_prefix, *new], [-0.25] * len(new), [3] * len(new), "eos")
+        return out
+
+
+def test_a_pause_keeps_the_cut_turn_and_continues_it(tokenizer) -> None:
+    """An engine abort with ``stop`` clear is a pause (a weight push): the turn keeps its tokens
+    and the next round continues it, and the tool call it makes is parsed across the cut; the
+    trajectory waiting on its tool meanwhile (b) is not touched."""
+    engine = Pausing(tokenizer, {"a": [_calc("1+2"), "3"], "b": [_calc("2*3"), "6"]})
+    loop = ToolAgentLoop(engine, AgentLimits(max_response_tokens=400))  # type: ignore[arg-type]
+    out = loop.run_batch([("a", [1]), ("b", [1])], SamplingParams(), threading.Event())
+    a, b = out
+    assert [t.stop_reason for t in out] == ["eos", "eos"]
+    assert a.turns == 2 and [c.name for c in a.tool_calls] == ["calculator"] and not a.tool_calls[0].error
+    assert engine.prefixes[0] == a.response_ids[:5]  # continued from its own five tokens
+    assert a.token_versions[:5] == [2] * 5 and a.token_versions[5] == 3  # the cut turn spans two versions
+    assert a.log_probs[:5] == [-0.5] * 5
+    assert "<tool_response>3</tool_response>3" in tokenizer.decode(a.response_ids, skip_special_tokens=True)
+    assert [s.value for s in a.states].count("generating") == 2  # one per turn, the cut one included
+    assert b.turns == 2 and "<tool_response>6</tool_response>6" in tokenizer.decode(b.response_ids, skip_special_tokens=True)
+    assert len(a.response_mask) == len(a.response_ids) == len(a.log_probs) == len(a.token_versions)
+
+
+def test_with_stop_set_an_abort_ends_the_trajectory(tokenizer) -> None:
+    """The same cut under a hold (``stop`` set): the trajectory ends ``aborted`` as it stands."""
+    stop = threading.Event()
+
+    class Holding(Pausing):
+        def generate(self, requests, params):
+            stop.set()
+            return super().generate(requests, params)
+
+    engine = Holding(tokenizer, {"a": [_calc("1+2"), "3"], "b": ["9"]})
+    out = ToolAgentLoop(engine, AgentLimits(max_response_tokens=400)).run_batch([("a", [1]), ("b", [1])], SamplingParams(), stop)  # type: ignore[arg-type]
+    assert [t.stop_reason for t in out] == ["aborted", "eos"] and len(out[0].response_ids) == 5
+    assert len(engine.batches) == 1
+
+
+def test_a_batch_takes_in_new_trajectories_while_its_tools_run(tokenizer) -> None:
+    """b is admitted while a waits on a slow tool, and runs (and ends) before a's tool answers."""
+    released = threading.Event()
+
+    def slow(arguments: dict, timeout_s: float) -> str:
+        assert released.wait(timeout=5), "b never ran"
+        return "late"
+
+    if "test_slow_admit" not in TOOLS:
+        register_tool(Tool("test_slow_admit", "answers when released", {"type": "object"}, slow))
+    engine = BatchScript(tokenizer, {"a": [CALL.format(name="test_slow_admit", arguments="{}"), "ok"], "b": ["9"]})
+    queued = [[("b", [1])]]
+
+    def admit() -> list[tuple[str, list[int]]]:
+        return queued.pop() if queued and engine.batches else []  # once a has had its first turn
+
+    def on_done(trajectory) -> None:
+        if trajectory.request_id == "b":
+            released.set()
+
+    out = ToolAgentLoop(engine, AgentLimits(max_response_tokens=400, tool_timeout_s=10)).run_batch(  # type: ignore[arg-type]
+        [("a", [1])], SamplingParams(), threading.Event(), on_done, admit
+    )
+    assert [t.request_id for t in out] == ["a", "b"] and [t.stop_reason for t in out] == ["eos", "eos"]
+    assert engine.batches == [["a"], ["b"], ["a"]]
+    assert out[0].tool_calls[0].name == "test_slow_admit" and not out[0].tool_calls[0].error
+
+
 def test_the_tool_calls_of_a_round_run_side_by_side(tokenizer) -> None:
     """Two calls that each wait for the other: they only both answer if they run at once."""
     meeting = threading.Barrier(2)
