@@ -157,18 +157,23 @@ class GenerationLoop:
             while self._holds or self._pauses or not self._queue:
                 self._cond.wait()
             job, key = self._queue.popleft()
-            keys = [key]
-            share = self._share(job)
-            rest: deque[tuple[Job, str]] = deque()
-            while self._queue and len(keys) < share:
-                item = self._queue.popleft()
-                if item[0] == job:
-                    keys.append(item[1])
-                else:
-                    rest.append(item)
-            self._queue.extendleft(reversed(rest))
+            keys = [key, *self._pop_queued(job, self._share(job) - 1)]
             self._busy += 1
             return job, keys
+
+    def _pop_queued(self, job: Job, limit: int) -> list[str]:
+        """Up to ``limit`` queued keys of ``job``, out of the queue in their order (under the lock);
+        the other jobs' keep their places."""
+        keys: list[str] = []
+        rest: deque[tuple[Job, str]] = deque()
+        while self._queue and len(keys) < limit:
+            item = self._queue.popleft()
+            if item[0] == job:
+                keys.append(item[1])
+            else:
+                rest.append(item)
+        self._queue.extendleft(reversed(rest))
+        return keys
 
     def _more(self, job: Job, taken: list[int], wanted: int) -> list[str]:
         """Up to ``wanted`` more queued groups of ``job`` for a running batch (within its share,
@@ -177,15 +182,7 @@ class GenerationLoop:
             if self._holds or self._pauses or self.stopping.is_set():
                 return []
             room = min(wanted, self._share(job, taking=False), ADMIT_LIFETIME * self._max_groups - taken[0])
-            keys: list[str] = []
-            rest: deque[tuple[Job, str]] = deque()
-            while self._queue and len(keys) < room:
-                item = self._queue.popleft()
-                if item[0] == job:
-                    keys.append(item[1])
-                else:
-                    rest.append(item)
-            self._queue.extendleft(reversed(rest))
+            keys = self._pop_queued(job, room)
             taken[0] += len(keys)
             return keys
 

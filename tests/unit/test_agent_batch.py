@@ -49,6 +49,22 @@ def tokenizer(tiny_model_dir: Path):
     return load_tokenizer(tiny_model_dir)
 
 
+_RELEASES: dict[str, threading.Event] = {}
+
+
+def _released_tool(name: str, why: str) -> threading.Event:
+    """A tool ``name`` that answers "late" once the returned event is set (fails after 5 s: ``why``)."""
+    _RELEASES[name] = threading.Event()  # each call's own event; the tool is registered once
+
+    def slow(arguments: dict, timeout_s: float) -> str:
+        assert _RELEASES[name].wait(timeout=5), why
+        return "late"
+
+    if name not in TOOLS:
+        register_tool(Tool(name, "answers when released", {"type": "object"}, slow))
+    return _RELEASES[name]
+
+
 def _calc(expression: str) -> str:
     return CALL.format(name="calculator", arguments=f'{{"expression":"{expression}"}}')
 
@@ -76,14 +92,7 @@ def test_each_round_is_one_engine_batch_of_the_trajectories_ready(tokenizer) -> 
 
 def test_a_slow_tool_holds_back_only_its_own_trajectory(tokenizer) -> None:
     """b's tool answers only after a has had its second turn: a never waits for b's call."""
-    released = threading.Event()
-
-    def slow(arguments: dict, timeout_s: float) -> str:
-        assert released.wait(timeout=5), "a's second turn never came"
-        return "late"
-
-    if "test_slow" not in TOOLS:
-        register_tool(Tool("test_slow", "answers when released", {"type": "object"}, slow))
+    released = _released_tool("test_slow", "a's second turn never came")
 
     class Releasing(BatchScript):
         def generate(self, requests, params):
@@ -191,14 +200,7 @@ def test_with_stop_set_an_abort_ends_the_trajectory(tokenizer) -> None:
 
 def test_a_batch_takes_in_new_trajectories_while_its_tools_run(tokenizer) -> None:
     """b is admitted while a waits on a slow tool, and runs (and ends) before a's tool answers."""
-    released = threading.Event()
-
-    def slow(arguments: dict, timeout_s: float) -> str:
-        assert released.wait(timeout=5), "b never ran"
-        return "late"
-
-    if "test_slow_admit" not in TOOLS:
-        register_tool(Tool("test_slow_admit", "answers when released", {"type": "object"}, slow))
+    released = _released_tool("test_slow_admit", "b never ran")
     engine = BatchScript(tokenizer, {"a": [CALL.format(name="test_slow_admit", arguments="{}"), "ok"], "b": ["9"]})
     queued = [[("b", [1])]]
 
