@@ -28,6 +28,7 @@ from rl_train.engines.workers.placement import plan_placement, realize
 from rl_train.engines.workers.queue_worker import GREEDY_PARTITION, QueueWorker
 from rl_train.engines.workers.ray_start import ensure_ray
 from rl_train.engines.workers.reward_worker import RewardWorker
+from rl_train.engines.workers.rollout_control import RolloutControl
 from rl_train.engines.workers.rollout_worker import RolloutWorker
 from rl_train.engines.workers.trainer_worker import TrainerWorker
 
@@ -90,7 +91,7 @@ def _wait(refs: list[Any]) -> list[Any]:
 
 
 @dataclass
-class WorkerPools:
+class WorkerPools(RolloutControl):
     run_id: str
     tq: Any
     rollouts: list[Any]
@@ -283,49 +284,6 @@ class WorkerPools:
         pools.weight_sync_timeout = float(sync.get("timeout_seconds", 120.0))
         pools.handover = bool(ray.get(tq.weight_sync_handover.remote()))
         return pools, config
-
-    # -- rollout lifecycle -----------------------------------------------------------------
-    def _each_rollout(self, method: str, *args: Any) -> list[Any]:
-        return _wait([getattr(r, method).remote(*args) for r in self.rollouts])
-
-    def sleep_rollouts(self) -> None:
-        """Free rollout memory for training (weights and KV cache leave the device)."""
-        self._each_rollout("sleep")
-
-    def wake_rollouts(self) -> None:
-        self._each_rollout("wake_up")
-
-    def pause_generation(self, missing_ok: bool = False) -> None:
-        """Pause the replicas' engines (in-flight requests kept as partial rollouts; tool calls in
-        flight go on) and hold background generation until ``resume_generation``.
-
-        ``missing_ok``: a replica that has already died is not an error (teardown paths)."""
-        self._on_each_rollout("pause_generation", missing_ok)
-
-    def stop_generation(self, missing_ok: bool = False) -> None:
-        """End the replicas' background generation, tool waits included (the end of a run)."""
-        self._on_each_rollout("stop_generation", missing_ok)
-
-    def _on_each_rollout(self, method: str, missing_ok: bool) -> None:
-        if not missing_ok:
-            self._each_rollout(method)
-            return
-        for replica in self.rollouts:
-            with contextlib.suppress(ray.exceptions.RayError):
-                ray.get(getattr(replica, method).remote())
-
-    def resume_generation(self) -> None:
-        self._each_rollout("resume_generation")
-
-    def pop_generation_errors(self) -> list[str]:
-        """Errors raised in the replicas' background generation since the last call."""
-        return [e for replica_errors in self._each_rollout("pop_generation_errors") for e in replica_errors]
-
-    def rollout_versions(self) -> list[int]:
-        return [int(v) for v in self._each_rollout("version")]
-
-    def pop_rollout_activity(self) -> list[dict[str, float]]:
-        return list(self._each_rollout("pop_activity"))
 
     # -- phases that run on the pools --------------------------------------------------------
     def batch(self, batch_id: str, fields: list[str] | None = None) -> dict[str, Any]:

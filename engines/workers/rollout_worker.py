@@ -221,8 +221,10 @@ class RolloutWorker:
                 def admit(loop: str = loop) -> list[Start]:
                     """More queued groups, while this batch has room for them: the starts of
                     those this loop answers (the others wait for their own loop's turn)."""
+                    if more is None or not self.loop.queued():  # asked every poll: the common answer, cheaply
+                        return []
                     unfinished = sum(1 for k in keys if k not in early and len(ended.get(k, [])) < expected[k])
-                    new = more(self.loop.max_groups_per_batch - unfinished) if more is not None else []
+                    new = more(self.loop.max_groups_per_batch - unfinished)
                     if not new:
                         return []
                     starts = take(new)
