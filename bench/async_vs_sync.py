@@ -13,19 +13,20 @@ prompts): a sandbox's latency. What differs is only what the mode overlaps:
 - ``colocate_async`` trains on the groups that are done while the rest of the tail (and
   the prefetched next batch) keeps running in the tools;
 - ``separate_async`` keeps a standalone rollout pool generating on its own share of the
-  CPUs, with ``parameter_sync_step`` local updates per global step and two global batches
-  in flight beyond the one being trained (``replay.prefetch_batches = 2 x
-  parameter_sync_step``, each local update sampling a ``parameter_sync_step``-th of a global
-  batch; ``--prefetch-batches``): with one, the trainer waited 1.57 s a step for its groups
-  and with two 0.62 s (25 steps each, README).
+  CPUs, with ``parameter_sync_step`` local updates per global step and one global batch in
+  flight beyond the one being trained (``replay.prefetch_batches = parameter_sync_step``,
+  each local update sampling a ``parameter_sync_step``-th of a global batch;
+  ``--prefetch-batches``). Since a weight push no longer ends the trajectories waiting on
+  tools, groups are not held back, and two global batches in flight left the buffer holding
+  finished groups two versions old (staleness 1.95 against 0.98; README, Measured).
 
 The async modes run with their defaults: token-level IS and the staleness thresholds that
 hold colocate_async to 1 version behind and separate_async to ``parameter_sync_step``.
 
 The async modes run ``--batches-in-flight`` agent loops at once, split evenly over the
-rollout replicas (separate_async runs ``--rollout-replicas``, by default one per CPU, sharing
-the rollout's half of the threads beside the trainer's: a replica whose loops all wait on
-tools leaves the core to the others), the queued groups shared evenly among a replica's loops;
+rollout replicas (separate_async runs ``--rollout-replicas``, by default one, on the
+rollout's half of the threads beside the trainer's; with one replica per CPU the step was
+longer, 3.11 s against 2.46 s, README), the queued groups shared evenly among a replica's loops;
 their engine calls share batches (while one generates, the others' calls wait and then run
 as one), so a loop held by its slowest tool holds only its own groups; sync generates its
 one batch per step. The clock runs from the trainer's first hook (before any warm-up dispatch) to the end of each step, so start-up
@@ -111,22 +112,20 @@ def mode_overrides(mode: str, args: argparse.Namespace) -> list[str]:
 
 
 def rollout_replicas(args: argparse.Namespace) -> int:
-    """separate_async's rollout replicas: ``--rollout-replicas``, else one per CPU (at most one
-    per agent loop). They share the rollout's half of the torch threads (at least one each)
-    beside the trainer's, so the OS shares the cores among them: a replica whose loops all wait
-    on tools leaves its core to the others and to the trainer (one replica left the trainer
-    waiting 1.0 s a step for groups with a core idle, README)."""
+    """separate_async's rollout replicas: ``--rollout-replicas``, else one. They share the
+    rollout's half of the torch threads (at least one each) beside the trainer's. One replica
+    per CPU once kept the trainer from waiting on groups, when a weight push ended every
+    trajectory waiting on a tool; since pushes pause the engine only, a second replica only
+    adds a process competing for the two cores (median step 3.11 s against 2.46 s, README)."""
     given = getattr(args, "rollout_replicas", None)
-    if given is not None:
-        return int(given)
-    return max(min(os.cpu_count() or 1, args.batches_in_flight), 1)
+    return int(given) if given is not None else 1
 
 
 def prefetch_batches(args: argparse.Namespace) -> int:
-    """separate_async's ``replay.prefetch_batches``: ``--prefetch-batches``, else twice
-    ``parameter_sync_step`` (two global batches beyond the one being trained)."""
+    """separate_async's ``replay.prefetch_batches``: ``--prefetch-batches``, else
+    ``parameter_sync_step`` (one global batch beyond the one being trained)."""
     given = getattr(args, "prefetch_batches", None)
-    return int(given) if given is not None else 2 * args.parameter_sync_step
+    return int(given) if given is not None else args.parameter_sync_step
 
 
 def first_reaching(rewards: list[float], target: float, window: int) -> int | None:
@@ -251,11 +250,11 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--rollout-replicas", type=int, default=None,
-        help="separate_async: rollout replicas, each with rollout.num_threads threads (default: one per CPU)",
+        help="separate_async: rollout replicas, each with rollout.num_threads threads (default: 1)",
     )  # fmt: skip
     parser.add_argument(
         "--prefetch-batches", type=int, default=None,
-        help="separate_async: replay.prefetch_batches (default: 2 x --parameter-sync-step)",
+        help="separate_async: replay.prefetch_batches (default: --parameter-sync-step, one global batch)",
     )  # fmt: skip
     parser.add_argument("--target", type=float, default=0.9, help="training reward the time-to-reward column waits for")
     parser.add_argument("--window", type=int, default=10, help="steps in that moving mean")
