@@ -42,6 +42,7 @@ a step goes, so the bottleneck shows.
     python -m rl_train.bench.async_vs_sync --steps 40 --median-seconds 0.2
     python -m rl_train.bench.async_vs_sync --modes sync separate_async actor.lr=0.002
     python -m rl_train.bench.async_vs_sync --config configs/arith-tiny.yaml  # single-turn task
+    python -m rl_train.bench.async_vs_sync --modes sync separate_async --seeds 0 1 2  # ratios by seed
 """
 
 from __future__ import annotations
@@ -232,6 +233,41 @@ def format_table(rows: list[dict[str, Any]], target: float = 0.9, window: int = 
     return "\n".join(lines)
 
 
+def format_seeds(rows: list[dict[str, Any]], target: float = 0.9, window: int = 10) -> str:
+    """Per seed, each mode's time (and steps) to the ``window``-step mean ``target`` and its
+    ratio to that seed's sync; then, per mode, the median, lowest and highest ratio over the
+    seeds (a seed where either side never reached the target counts as no ratio)."""
+    seeds = list(dict.fromkeys(r["seed"] for r in rows))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    lines = [f"| seed | {' | '.join(modes)} |", "| --- |" + " --- |" * len(modes)]
+    ratios: dict[str, list[float | None]] = {m: [] for m in modes}
+    for seed in seeds:
+        by_mode = {r["mode"]: r for r in rows if r["seed"] == seed}
+        sync_s = by_mode.get("sync", {}).get("seconds_to_target")
+        cells = []
+        for mode in modes:
+            r = by_mode.get(mode)
+            to_target = r.get("seconds_to_target") if r else None
+            if not to_target:
+                cells.append("not reached")
+                ratios[mode].append(None)
+                continue
+            ratio = sync_s / to_target if sync_s else None
+            ratios[mode].append(ratio)
+            cells.append(f"{to_target:.1f} s (step {r['steps_to_target']})" + (f", {ratio:.2f}x" if ratio else ""))
+        lines.append(f"| {seed} | {' | '.join(cells)} |")
+    summary = []
+    for mode in modes:
+        if mode == "sync":
+            continue
+        got = [x for x in ratios[mode] if x is not None]
+        missing = len(ratios[mode]) - len(got)
+        text = f"median {median(got):.2f}x, {min(got):.2f}-{max(got):.2f}x" if got else "no ratio"
+        summary.append(f"{mode}: {text} sooner than sync to a {window}-step mean of {target} over "
+                       f"{len(seeds)} seeds" + (f" ({missing} without a ratio)" if missing else ""))  # fmt: skip
+    return "\n".join([*lines, "", *summary])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -260,22 +296,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window", type=int, default=10, help="steps in that moving mean")
     parser.add_argument("--prefect", action="store_true", help="run steps as Prefect flows (off: direct)")
     parser.add_argument("--output-dir", default="/tmp/rl-train-bench")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=None,
+        help="run.seed of each round of the modes (default: the config's); with several, a last table gives each seed's ratios and their median",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="dotted config overrides applied to every mode")
     args = parser.parse_args(argv)
-    rows = []
-    for mode in args.modes:
-        config = load_config(args.config, [*mode_overrides(mode, args), *args.overrides])
-        rows.append(run_mode(mode, config, args.target, args.window))
-        print(f"{mode}: {rows[-1]['samples_per_second']:.1f} samples/s; rewards "
-              + " ".join(f"{r:.2f}" for r in rows[-1]["rewards"]), file=sys.stderr, flush=True)  # fmt: skip
     p99 = args.median_seconds * math.exp(NORMAL_P99 * args.sigma)
-    print(
-        f"tool latency: p50 {args.median_seconds:.2f}s, p99 {p99:.2f}s per call; "
-        f"{args.steps} steps x {args.batch} groups x {args.n} samples per mode; {os.cpu_count()} CPUs"
-    )
-    print(format_table(rows, args.target, args.window))
-    print("\nmedian seconds a step (steps 3 on; generate: the trainer's wait for its batch; busy: the rollout's)")
-    print(format_phases(rows))
+    every: list[dict[str, Any]] = []
+    for seed in args.seeds or [None]:
+        rows = []
+        for mode in args.modes:
+            seeded = [f"run.seed={seed}"] if seed is not None else []
+            config = load_config(args.config, [*mode_overrides(mode, args), *seeded, *args.overrides])
+            rows.append({**run_mode(mode, config, args.target, args.window), "seed": config.run.seed})
+            print(f"{mode} (seed {config.run.seed}): {rows[-1]['samples_per_second']:.1f} samples/s; rewards "
+                  + " ".join(f"{r:.2f}" for r in rows[-1]["rewards"]), file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"tool latency: p50 {args.median_seconds:.2f}s, p99 {p99:.2f}s per call; "
+            f"{args.steps} steps x {args.batch} groups x {args.n} samples per mode; {os.cpu_count()} CPUs"
+            + (f"; seed {rows[0]['seed']}" if args.seeds else "")
+        )
+        print(format_table(rows, args.target, args.window))
+        print("\nmedian seconds a step (steps 3 on; generate: the trainer's wait for its batch; busy: the rollout's)")
+        print(format_phases(rows), flush=True)
+        every.extend(rows)
+    if args.seeds and len(args.seeds) > 1:
+        print(f"\ntime to a {args.window}-step mean of {args.target}, by seed")
+        print(format_seeds(every, args.target, args.window))
 
 
 if __name__ == "__main__":

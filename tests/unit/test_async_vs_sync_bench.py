@@ -98,3 +98,27 @@ def test_the_phase_table_gives_median_seconds_from_the_third_step() -> None:
     table = format_phases([{"mode": "sync", "phases": phases}])
     assert table.splitlines()[0].startswith("| mode | step | generate | old_log_prob | ref | update |")
     assert table.splitlines()[2] == "| sync | 4.00 | - | - | - | 2.00 | - | 1.00 |"
+
+
+def test_the_seed_table_gives_each_seeds_ratio_to_its_own_sync_and_their_median() -> None:
+    from rl_train.bench.async_vs_sync import format_seeds
+
+    def row(seed: int, mode: str, seconds: float | None, steps: int | None) -> dict[str, object]:
+        return {"seed": seed, "mode": mode, "seconds_to_target": seconds, "steps_to_target": steps}
+
+    rows = [
+        row(0, "sync", 200.0, 30), row(0, "separate_async", 100.0, 40),
+        row(1, "sync", 300.0, 50), row(1, "separate_async", 100.0, 45),
+        row(2, "sync", 240.0, 40), row(2, "separate_async", 200.0, 60),
+        row(3, "sync", None, None), row(3, "separate_async", 90.0, 30),
+    ]  # fmt: skip
+    lines = format_seeds(rows).splitlines()
+    assert lines[0] == "| seed | sync | separate_async |"
+    assert lines[2] == "| 0 | 200.0 s (step 30), 1.00x | 100.0 s (step 40), 2.00x |"
+    assert lines[3] == "| 1 | 300.0 s (step 50), 1.00x | 100.0 s (step 45), 3.00x |"
+    assert lines[5] == "| 3 | not reached | 90.0 s (step 30) |"  # no sync to compare with
+    # the median of 2.00, 3.00 and 1.20 (seed 3 has no ratio)
+    assert lines[-1] == (
+        "separate_async: median 2.00x, 1.20-3.00x sooner than sync to a 10-step mean of 0.9 over 4 seeds "
+        "(1 without a ratio)"
+    )
