@@ -42,7 +42,7 @@ a step goes, so the bottleneck shows.
     python -m rl_train.bench.async_vs_sync --steps 40 --median-seconds 0.2
     python -m rl_train.bench.async_vs_sync --modes sync separate_async actor.lr=0.002
     python -m rl_train.bench.async_vs_sync --config configs/arith-tiny.yaml  # single-turn task
-    python -m rl_train.bench.async_vs_sync --modes sync separate_async --seeds 0 1 2  # ratios by seed
+    python -m rl_train.bench.async_vs_sync --modes sync separate_async --seeds 0,1,2  # ratios by seed
 """
 
 from __future__ import annotations
@@ -233,6 +233,18 @@ def format_table(rows: list[dict[str, Any]], target: float = 0.9, window: int = 
     return "\n".join(lines)
 
 
+def seed_list(text: str) -> list[int]:
+    """``--seeds``: comma-separated integers (one argument, so that the config overrides
+    after it stay overrides)."""
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds: {text!r} is not a comma-separated list of integers, e.g. 0,1,2") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("--seeds: give at least one seed, e.g. 0,1,2")
+    return seeds
+
+
 def format_seeds(rows: list[dict[str, Any]], target: float = 0.9, window: int = 10) -> str:
     """Per seed, each mode's time (and steps) to the ``window``-step mean ``target`` and its
     ratio to that seed's sync; then, per mode, the median, lowest and highest ratio over the
@@ -297,8 +309,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefect", action="store_true", help="run steps as Prefect flows (off: direct)")
     parser.add_argument("--output-dir", default="/tmp/rl-train-bench")
     parser.add_argument(
-        "--seeds", type=int, nargs="+", default=None,
-        help="run.seed of each round of the modes (default: the config's); with several, a last table gives each seed's ratios and their median",
+        "--seeds", type=seed_list, default=None, metavar="S[,S...]",
+        help="run.seed of each round of the modes, comma-separated (default: the config's); with several, a last table gives each seed's ratios and their median",
     )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="dotted config overrides applied to every mode")
     args = parser.parse_args(argv)

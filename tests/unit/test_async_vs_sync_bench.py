@@ -122,3 +122,12 @@ def test_the_seed_table_gives_each_seeds_ratio_to_its_own_sync_and_their_median(
         "separate_async: median 2.00x, 1.20-3.00x sooner than sync to a 10-step mean of 0.9 over 4 seeds "
         "(1 without a ratio)"
     )
+
+
+def test_seeds_are_one_comma_separated_argument_so_overrides_after_them_stay_overrides() -> None:
+    from rl_train.bench.async_vs_sync import seed_list
+
+    assert seed_list("0,1, 2") == [0, 1, 2]
+    for bad in ("a,1", ",", "actor.lr=0.1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--seeds"):
+            seed_list(bad)
