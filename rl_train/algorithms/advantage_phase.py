@@ -8,7 +8,10 @@ Records hold response-only per-token lists (``rollout_log_probs``, ``old_log_pro
    out every step (whenever rollout log-probs exist, even with IS and RS off);
 2. the outcome reward on the last response token, minus ``beta * KL(old || ref)`` per kept token
    when ``algorithm.kl_in_reward`` is on (fixed or adaptive controller, state kept across steps);
-3. the registered advantage estimator, its result zeroed outside the RS mask. What it reads
+3. with ``algorithm.overlong_filter``, a trajectory cut at the length limit trains no token
+   (DAPO's overlong filtering): its reward still counts in its group's baseline, like a
+   rejected sample's;
+4. the registered advantage estimator, its result zeroed outside the RS mask. What it reads
    beyond rewards comes from the records as the estimator declares (``EstimatorNeeds``):
    critic ``values`` (GAE, which then also writes ``returns`` for the critic update) or each
    trajectory's ``baseline_reward`` (ReMax's greedy baseline).
@@ -90,6 +93,8 @@ class AdvantagePhase:
         weights, kept, metrics = compute_rollout_correction(
             old, optional_field(records, "rollout_log_probs"), mask, self.correction
         )
+        if self.algorithm.overlong_filter:
+            kept, metrics["response_length/overlong_filtered"] = filter_overlong(kept, records)
         scores = torch.tensor([float(r["reward"]) for r in records])
         rewards = place_on_last_token(scores, mask)
         if self.kl_controller is not None:
@@ -113,7 +118,7 @@ class AdvantagePhase:
         if self.needs.critic:  # the critic update's targets
             for update, r in zip(updates, unpad_response(returns, records), strict=True):
                 update["returns"] = r
-        if self.correction.rs_rules:
+        if self.correction.rs_rules or self.algorithm.overlong_filter:
             for update, m in zip(updates, unpad_response(kept, records), strict=True):
                 update["response_mask"] = m
         if weights is not None:
@@ -206,3 +211,12 @@ def unpad_response(values: torch.Tensor, records: Sequence[dict[str, Any]]) -> l
     """The inverse of ``pad_response``: each row cut back to its record's response length."""
     rows = values.tolist()
     return [row[: len(r["response_ids"])] for row, r in zip(rows, records, strict=True)]
+
+
+def filter_overlong(kept: torch.Tensor, records: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, float]:
+    """``kept`` [B, T] with the rows of trajectories cut at the length limit zeroed; and the
+    fraction of trajectories so cut."""
+    cut = torch.tensor([r.get("stop_reason") == "length" for r in records], dtype=torch.bool)
+    if not cut.any():
+        return kept, 0.0
+    return kept * (~cut).to(kept.dtype).unsqueeze(1), float(cut.float().mean())

@@ -195,6 +195,9 @@ class AlgorithmConfig(StrictModel):
     """Coefficient controller of the in-reward KL penalty."""
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
     """Rollout correction (IS / RS / bypass) against the rollout engine's log-probs."""
+    overlong_filter: bool = False
+    """DAPO's overlong filtering: a trajectory cut at the length limit (stop_reason "length")
+    keeps its reward in its group's baseline but trains none of its tokens."""
 
     @field_validator("adv_estimator")
     @classmethod

@@ -102,6 +102,29 @@ def test_rs_starts_from_the_records_own_mask_and_only_removes_tokens() -> None:
     assert "rollout_is_weights" not in updates[0]
 
 
+def test_overlong_filter_trains_no_token_of_a_cut_trajectory_but_keeps_its_reward_in_the_baseline() -> None:
+    # Rewards 1, 0, 0 in one group: mean 1/3, unbiased std sqrt(1/3). The third was cut at the
+    # length limit: its advantage and mask go to 0, and the others keep the baseline with it.
+    # The tool token (mask 0) of the first stays out.
+    records = [
+        record("g", 1.0, [-1.0, -1.0, -1.0], response_mask=[1, 0, 1], stop_reason="stop"),
+        record("g", 0.0, [-1.0], stop_reason="max_turns"),
+        record("g", 0.0, [-1.0, -2.0], stop_reason="length"),
+    ]
+    updates, metrics = phase(overlong_filter=True).compute(records)
+    high, low = (2 / 3) / math.sqrt(1 / 3), -(1 / 3) / math.sqrt(1 / 3)
+    assert updates[0]["advantages"] == pytest.approx([high, 0.0, high], rel=1e-5)
+    assert updates[0]["response_mask"] == [1.0, 0.0, 1.0]
+    assert updates[1]["advantages"] == pytest.approx([low], rel=1e-5)
+    assert updates[1]["response_mask"] == [1.0]
+    assert updates[2] == {"advantages": [0.0, 0.0], "response_mask": [0.0, 0.0]}
+    assert metrics["response_length/overlong_filtered"] == pytest.approx(1 / 3)
+    # off (the default), the cut trajectory trains like any other and the mask is not written
+    updates, metrics = phase().compute(records)
+    assert updates[2]["advantages"] == pytest.approx([low, low], rel=1e-5)
+    assert "response_mask" not in updates[2] and "response_length/overlong_filtered" not in metrics
+
+
 def test_kl_in_reward_fixed_penalises_the_drifted_sample() -> None:
     # k1 KL per token = old - ref: sample 0 has 0.5 on each of 2 tokens (sum 1), sample 1 has 0.
     # scores = 1 - 0.1 * 1 = 0.9 and 1.0 -> mean 0.95, unbiased std 0.0707 -> A = -+0.7071.
