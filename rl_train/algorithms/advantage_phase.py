@@ -10,7 +10,8 @@ Records hold response-only per-token lists (``rollout_log_probs``, ``old_log_pro
    when ``algorithm.kl_in_reward`` is on (fixed or adaptive controller, state kept across steps);
 3. with ``algorithm.overlong_filter``, a trajectory cut at the length limit trains no token
    (DAPO's overlong filtering): its reward still counts in its group's baseline, like a
-   rejected sample's;
+   rejected sample's; with ``algorithm.overlong_penalty``, such a trajectory's score is
+   lowered by it before the advantage (the reported reward stays the task's);
 4. the registered advantage estimator, its result zeroed outside the RS mask. What it reads
    beyond rewards comes from the records as the estimator declares (``EstimatorNeeds``):
    critic ``values`` (GAE, which then also writes ``returns`` for the critic update) or each
@@ -96,6 +97,10 @@ class AdvantagePhase:
         if self.algorithm.overlong_filter:
             kept, metrics["response_length/overlong_filtered"] = filter_overlong(kept, records)
         scores = torch.tensor([float(r["reward"]) for r in records])
+        if self.algorithm.overlong_penalty:
+            scores, metrics["response_length/overlong_penalized"] = penalize_overlong(
+                scores, records, self.algorithm.overlong_penalty
+            )
         rewards = place_on_last_token(scores, mask)
         if self.kl_controller is not None:
             ref = optional_field(records, "ref_log_probs")
@@ -213,10 +218,24 @@ def unpad_response(values: torch.Tensor, records: Sequence[dict[str, Any]]) -> l
     return [row[: len(r["response_ids"])] for row, r in zip(rows, records, strict=True)]
 
 
+def is_cut(records: Sequence[dict[str, Any]]) -> torch.Tensor:
+    """[B] bool: which trajectories were cut at the length limit."""
+    return torch.tensor([r.get("stop_reason") == "length" for r in records], dtype=torch.bool)
+
+
+def penalize_overlong(
+    scores: torch.Tensor, records: Sequence[dict[str, Any]], penalty: float
+) -> tuple[torch.Tensor, float]:
+    """``scores`` [B] lowered by ``penalty`` where the trajectory was cut at the length limit;
+    and the fraction so cut."""
+    cut = is_cut(records)
+    return scores - penalty * cut.to(scores.dtype), float(cut.float().mean())
+
+
 def filter_overlong(kept: torch.Tensor, records: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, float]:
     """``kept`` [B, T] with the rows of trajectories cut at the length limit zeroed; and the
     fraction of trajectories so cut."""
-    cut = torch.tensor([r.get("stop_reason") == "length" for r in records], dtype=torch.bool)
+    cut = is_cut(records)
     if not cut.any():
         return kept, 0.0
     return kept * (~cut).to(kept.dtype).unsqueeze(1), float(cut.float().mean())

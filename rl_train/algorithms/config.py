@@ -198,6 +198,10 @@ class AlgorithmConfig(StrictModel):
     overlong_filter: bool = False
     """DAPO's overlong filtering: a trajectory cut at the length limit (stop_reason "length")
     keeps its reward in its group's baseline but trains none of its tokens."""
+    overlong_penalty: float = Field(0.0, ge=0.0)
+    """Subtracted from the score of a trajectory cut at the length limit before its advantage
+    (the reported reward stays the task's): in a group with no right answer it still tells a
+    run-on from a finished wrong answer, where the bare scores are all equal and teach nothing."""
 
     @field_validator("adv_estimator")
     @classmethod

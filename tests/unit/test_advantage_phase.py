@@ -125,6 +125,34 @@ def test_overlong_filter_trains_no_token_of_a_cut_trajectory_but_keeps_its_rewar
     assert "response_mask" not in updates[2] and "response_length/overlong_filtered" not in metrics
 
 
+def test_overlong_penalty_tells_a_run_on_from_a_finished_wrong_answer() -> None:
+    # A group with no right answer: two finished, two cut at the length limit. Bare, every score
+    # is 0 and so is every advantage; with a penalty of 0.5 the scores are 0, 0, -0.5, -0.5:
+    # mean -0.25, unbiased std sqrt(1/12) -> A = +-0.25 / sqrt(1/12) = +-0.866.
+    records = [
+        record("g", 0.0, [-1.0], stop_reason="stop"),
+        record("g", 0.0, [-1.0], stop_reason="max_turns"),
+        record("g", 0.0, [-1.0, -1.0], stop_reason="length"),
+        record("g", 0.0, [-1.0, -1.0], stop_reason="length"),
+    ]
+    updates, metrics = phase(overlong_penalty=0.5).compute(records)
+    a = 0.25 / math.sqrt(1 / 12)
+    assert [u["advantages"] for u in updates] == [
+        pytest.approx([a], rel=1e-5),
+        pytest.approx([a], rel=1e-5),
+        pytest.approx([-a, -a], rel=1e-5),
+        pytest.approx([-a, -a], rel=1e-5),
+    ]
+    assert all("response_mask" not in u for u in updates)
+    assert metrics["response_length/overlong_penalized"] == pytest.approx(0.5)
+    assert records[2]["reward"] == 0.0  # the record's reward, what the run reports, is untouched
+    updates, metrics = phase().compute(records)
+    assert all(u["advantages"] == pytest.approx([0.0] * len(u["advantages"])) for u in updates)
+    assert "response_length/overlong_penalized" not in metrics
+    with pytest.raises(ValueError, match="overlong_penalty"):
+        phase(overlong_penalty=-1.0)
+
+
 def test_kl_in_reward_fixed_penalises_the_drifted_sample() -> None:
     # k1 KL per token = old - ref: sample 0 has 0.5 on each of 2 tokens (sum 1), sample 1 has 0.
     # scores = 1 - 0.1 * 1 = 0.9 and 1.0 -> mean 0.95, unbiased std 0.0707 -> A = -+0.7071.
