@@ -195,7 +195,7 @@ def test_fused_projections_give_the_same_logits_and_take_in_place_weight_loads(
             step = model(ids[:, -1:], attention_mask=torch.cat([mask, mask[:, -1:]], 1), position_ids=positions[:, -1:] + 1, cache=cache)
             return torch.cat([model(ids, attention_mask=mask, position_ids=positions).logits, step.logits], 1)
 
-    torch.testing.assert_close(logits(fused), logits(plain), rtol=1e-5, atol=1e-6)  # float rounding only
+    torch.testing.assert_close(logits(fused), logits(plain), rtol=1e-5, atol=1e-5)  # float rounding only (1.5e-6 seen on an AMD EPYC)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight"):
@@ -206,6 +206,6 @@ def test_fused_projections_give_the_same_logits_and_take_in_place_weight_loads(
         index, values = torch.tensor([0, 5, 17]), torch.tensor([0.5, -1.0, 2.0])
         for model in (plain, fused):
             model.state_dict(keep_vars=True)[name].view(-1).index_copy_(0, index, values)
-    torch.testing.assert_close(logits(fused), logits(plain), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logits(fused), logits(plain), rtol=1e-5, atol=1e-5)
     unfuse_projections(fused)
     assert torch.equal(logits(fused), logits(plain))
