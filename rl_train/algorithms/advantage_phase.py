@@ -94,13 +94,15 @@ class AdvantagePhase:
         weights, kept, metrics = compute_rollout_correction(
             old, optional_field(records, "rollout_log_probs"), mask, self.correction
         )
-        if self.algorithm.overlong_filter:
-            kept, metrics["response_length/overlong_filtered"] = filter_overlong(kept, records)
         scores = torch.tensor([float(r["reward"]) for r in records])
-        if self.algorithm.overlong_penalty:
-            scores, metrics["response_length/overlong_penalized"] = penalize_overlong(
-                scores, records, self.algorithm.overlong_penalty
-            )
+        if self.algorithm.overlong_filter or self.algorithm.overlong_penalty:
+            cut = is_cut(records)
+            if self.algorithm.overlong_filter:  # the cut rows train no token
+                kept = kept * (~cut).to(kept.dtype).unsqueeze(1)
+                metrics["response_length/overlong_filtered"] = float(cut.float().mean())
+            if self.algorithm.overlong_penalty:  # their scores drop, for the advantage only
+                scores = scores - self.algorithm.overlong_penalty * cut.to(scores.dtype)
+                metrics["response_length/overlong_penalized"] = float(cut.float().mean())
         rewards = place_on_last_token(scores, mask)
         if self.kl_controller is not None:
             ref = optional_field(records, "ref_log_probs")
@@ -222,20 +224,3 @@ def is_cut(records: Sequence[dict[str, Any]]) -> torch.Tensor:
     """[B] bool: which trajectories were cut at the length limit."""
     return torch.tensor([r.get("stop_reason") == "length" for r in records], dtype=torch.bool)
 
-
-def penalize_overlong(
-    scores: torch.Tensor, records: Sequence[dict[str, Any]], penalty: float
-) -> tuple[torch.Tensor, float]:
-    """``scores`` [B] lowered by ``penalty`` where the trajectory was cut at the length limit;
-    and the fraction so cut."""
-    cut = is_cut(records)
-    return scores - penalty * cut.to(scores.dtype), float(cut.float().mean())
-
-
-def filter_overlong(kept: torch.Tensor, records: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, float]:
-    """``kept`` [B, T] with the rows of trajectories cut at the length limit zeroed; and the
-    fraction of trajectories so cut."""
-    cut = is_cut(records)
-    if not cut.any():
-        return kept, 0.0
-    return kept * (~cut).to(kept.dtype).unsqueeze(1), float(cut.float().mean())
