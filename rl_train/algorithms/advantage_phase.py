@@ -223,4 +223,3 @@ def unpad_response(values: torch.Tensor, records: Sequence[dict[str, Any]]) -> l
 def is_cut(records: Sequence[dict[str, Any]]) -> torch.Tensor:
     """[B] bool: which trajectories were cut at the length limit."""
     return torch.tensor([r.get("stop_reason") == "length" for r in records], dtype=torch.bool)
-
