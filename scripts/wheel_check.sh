@@ -22,23 +22,14 @@ done | tar --null -T - -cf - | tar -xf - -C "$WORK/src"
 "$PYTHON" -m pip wheel -q --no-deps -w "$WORK/dist" "$WORK/src"
 WHEEL=$(ls "$WORK"/dist/rl_train-*.whl)
 
-# every .py file under a folder that setup.py maps must be in the wheel
+# every .py file under src/ must be in the wheel, at the same path
 "$PYTHON" - "$WORK/src" "$WHEEL" <<'PY'
-import runpy
 import sys
 import zipfile
 from pathlib import Path
 
-import setuptools
-
-src, wheel = Path(sys.argv[1]), sys.argv[2]
-captured = {}
-setuptools.setup = lambda **kwargs: captured.update(kwargs)
-runpy.run_path(str(src / "setup.py"))
-expected = set()
-for package, folder in captured["package_dir"].items():
-    for path in (src / folder).rglob("*.py"):
-        expected.add("/".join((*package.split("."), *path.relative_to(src / folder).parts)))
+src, wheel = Path(sys.argv[1]) / "src", sys.argv[2]
+expected = {path.relative_to(src).as_posix() for path in src.rglob("*.py")}
 missing = sorted(expected - set(zipfile.ZipFile(wheel).namelist()))
 if missing:
     sys.exit(f"wheel check: FAILED: the wheel lacks {len(missing)} modules: " + ", ".join(missing))

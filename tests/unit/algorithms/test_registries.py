@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ALGORITHMS = Path(__file__).resolve().parents[3] / "rl_train" / "algorithms"
+ALGORITHMS = Path(__file__).resolve().parents[3] / "src" / "rl_train" / "algorithms"
 MODULES = sorted(f"rl_train.algorithms.{p.stem}" for p in ALGORITHMS.glob("*.py") if p.stem != "__init__")
 
 IMPORT_EACH_FIRST = """

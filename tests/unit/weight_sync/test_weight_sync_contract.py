@@ -37,7 +37,7 @@ from rl_train.engines.weight_sync.transports import PlacesDirect
 from rl_train.engines.weight_sync.transports import mooncake as mooncake_transport
 from rl_train.engines.weight_sync.transports import tcp as tcp_transport
 
-PACKAGE = Path(__file__).resolve().parents[3] / "engines" / "weight_sync"
+PACKAGE = Path(__file__).resolve().parents[3] / "src" / "rl_train" / "engines" / "weight_sync"
 LOW_LEVEL = [
     "errors.py", "frame.py", "wire.py", "buckets.py", "delta_codec.py", "delta_diff.py",
     "stream.py", "stream_receiver.py", *(f"transports/{p.name}" for p in (PACKAGE / "transports").glob("*.py")),

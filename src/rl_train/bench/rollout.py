@@ -47,7 +47,7 @@ from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
 from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 DEFAULT_MODEL = REPO / "models" / "tiny-qwen2"
 DEFAULT_CASES = ("1024x4", "256x32")
 TEMPERATURE = 1.0

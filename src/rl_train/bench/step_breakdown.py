@@ -72,7 +72,7 @@ def count_driver_bytes() -> Counter[str]:
     return counts
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 PRESETS = {
     "demo": [],
     # Bigger batches and longer answers: a step of several seconds, where a fixed per-step

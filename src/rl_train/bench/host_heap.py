@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 DEFAULT_MODEL = REPO / "models" / "tiny-qwen2-tools"
 SIDES = ("kept", "default")
 

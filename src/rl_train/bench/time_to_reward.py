@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 DEMO_CONFIG = REPO / "configs" / "arith-tiny.yaml"
 TARGET, WINDOW = 0.9, 10
 RL_TRAIN_STEP = re.compile(r"^step\s+(\d+)/\d+ \| reward ([0-9.]+)")

@@ -36,7 +36,7 @@ from rl_train.flows.registry import get_trainer_class  # noqa: E402
 from rl_train.flows.train import run_training  # noqa: E402
 from rl_train.storage.metrics import read_metrics  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 GROUP_LAYOUT = [
     "trainer.train_batch_size=64",
     "rollout.n=16",

@@ -24,7 +24,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _reused(engine: Any) -> int:

@@ -47,7 +47,7 @@ import torch
 
 from rl_train.startup_clock import since_start  # seconds since the process started (/proc), not the import
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 DEMO_CONFIG = REPO / "configs" / "arith-tiny.yaml"
 TARGET, WINDOW = 0.9, 10
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")

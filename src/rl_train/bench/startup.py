@@ -176,7 +176,7 @@ def run_variants(variants: list[Variant], runs: int, prefect_server: bool) -> No
     from rl_train.engines.model.tiny import create_tiny_policy
     from rl_train.storage.builtin_data import write_builtin_task
 
-    config = str(Path(__file__).resolve().parents[1] / "configs" / "arith-tiny.yaml")
+    config = str(Path(__file__).resolve().parents[3] / "configs" / "arith-tiny.yaml")
     compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="rlt-bench-startup-") as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)

@@ -63,7 +63,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 from rl_train.config import Config, load_config  # noqa: E402
 from rl_train.flows.registry import get_trainer_class  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 MODES = ("sync", "colocate_async", "separate_async")
 NORMAL_P99 = 2.326
 """The standard normal's 99th percentile: a lognormal's p99 / p50 is exp(2.326 sigma)."""
