@@ -116,12 +116,6 @@ def test_trainer_registry_rejects_a_second_class_under_one_name() -> None:
             pass
 
 
-def test_readme_config_reference_lists_every_field() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    missing = [path for path, _, _ in describe_fields() if f"`{path}`" not in readme]
-    assert not missing, f"README config reference lacks: {missing}"
-
-
 def test_a_trainer_class_needs_a_mode_spec_and_every_spec_has_a_class() -> None:
     """The config-side table (rl_train.modes) and the trainer classes name the same modes."""
     from rl_train.modes import MODES

@@ -1,0 +1,95 @@
+"""docs/reference.md is generated, current, and lists every registered name and every config field.
+
+A name nobody can look up is a trap, and so is a reference that drifted from the code: the
+file must be exactly what ``python -m rl_train.reference_doc`` writes, and, checked against the
+registries and the config tree directly (not through the generator), it must hold one line per
+registered name and one row per config field.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rl_train import reference_doc, reference_names
+from rl_train.algorithms.advantage import ADV_ESTIMATORS
+from rl_train.algorithms.aggregation import AGGREGATORS
+from rl_train.algorithms.config import ROLLOUT_CORRECTION_PRESETS
+from rl_train.algorithms.kl import KL_ESTIMATORS
+from rl_train.algorithms.policy_loss import POLICY_LOSSES
+from rl_train.algorithms.thresholds import RS_OPTIONS
+from rl_train.config import describe_fields
+from rl_train.engines.agent.registry import AGENT_LOOPS
+from rl_train.engines.agent.tools import TOOLS
+from rl_train.engines.reward.rules import REWARD_FNS
+from rl_train.engines.rollout.registry import ROLLOUT_ENGINES
+from rl_train.engines.rollout.tool_env import TOOL_ENVS
+from rl_train.engines.training.registry import TRAINING_ENGINES
+from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, import_builtin_backends
+from rl_train.engines.weight_sync.transports.base import TRANSPORTS
+from rl_train.modes import MODES
+from rl_train.storage.builtin_data import BUILTIN_TASKS
+
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
+import_builtin_backends()
+TABLES = {
+    "Trainer modes": list(MODES),
+    "Advantage estimators": ADV_ESTIMATORS.names(),
+    "Policy losses": POLICY_LOSSES.names(),
+    "KL estimators": KL_ESTIMATORS.names(),
+    "Loss aggregation modes": AGGREGATORS.names(),
+    "Rollout-correction presets": list(ROLLOUT_CORRECTION_PRESETS),
+    "Rejection-sampling options": list(RS_OPTIONS),
+    "Training engines": TRAINING_ENGINES.names(),
+    "Rollout engines": ROLLOUT_ENGINES.names(),
+    "Weight-sync backends": WEIGHT_SYNC_BACKENDS.names(),
+    "Weight-sync transports": TRANSPORTS.names(),
+    "Agent loops": AGENT_LOOPS.names(),
+    "Agent tools": TOOLS.names(),
+    "Tool environments": TOOL_ENVS.names(),
+    "Reward functions": REWARD_FNS.names(),
+    "Built-in tasks": BUILTIN_TASKS.names(),
+}
+
+
+def test_the_reference_is_what_the_generator_writes() -> None:
+    assert REFERENCE.read_text(encoding="utf-8") == reference_doc.render(), (
+        f"{REFERENCE} is stale: run `{reference_doc.COMMAND}` and commit the result"
+    )
+
+
+def documented(title: str) -> list[str]:
+    """Names of the ``- `name`: ...`` lines under the ``### title (...)`` heading."""
+    section = REFERENCE.read_text(encoding="utf-8").split("## Registered names", 1)[1].split("\n## ", 1)[0]
+    block = section.split(f"\n### {title} (", 1)[1].split("\n### ", 1)[0]
+    return re.findall(r"^- `([^`]+)`: \S", block, re.M)
+
+
+@pytest.mark.parametrize("title", list(TABLES))
+def test_every_registered_name_has_one_line(title: str) -> None:
+    assert sorted(documented(title)) == sorted(TABLES[title])
+
+
+def test_every_config_field_has_a_row() -> None:
+    text = REFERENCE.read_text(encoding="utf-8")
+    missing = [path for path, _, _ in describe_fields() if f"\n| `{path}` | " not in text]
+    assert not missing, f"{REFERENCE.name} lacks rows for: {missing}"
+
+
+def test_a_name_registered_without_a_description_stops_the_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(reference_names._WRITTEN["tool"], "python")
+    with pytest.raises(ValueError, match="tool python: registered without a description"):
+        reference_names.registry_sections()
+
+
+def test_check_fails_on_a_stale_file_and_names_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "reference.md"
+    out.write_text("# Reference\n\nwritten by hand\n", encoding="utf-8")
+    assert reference_doc.main(["--check", "--out", str(out)]) == 1
+    assert "python -m rl_train.reference_doc" in capsys.readouterr().err
+    assert reference_doc.main(["--out", str(out)]) == 0
+    assert reference_doc.main(["--check", "--out", str(out)]) == 0
