@@ -57,6 +57,8 @@ def test_the_code_cites_ids_and_each_is_defined_once() -> None:
 
 
 def test_the_patterns_tell_a_citation_from_a_definition() -> None:
-    design = "# Design\n\n## R-8 Weight sync\n\n- **R-8.2** Buckets ...\n- **R3** rollout's routes\nsee R-9.1\n"
+    design = (
+        "# Design\n\n## R-8 Weight sync\n\n- **R-8.2** Buckets ...\n- **R3** rollout's routes\nsee R-9.1\n"
+    )
     assert defined_ids(design) == {"R-8", "R-8.2", "R3"}
     assert cited_ids(["replay (R-7.2, R-8); R3: routes; not R22, IR2 or R-"]) == {"R-7.2", "R-8", "R3"}
