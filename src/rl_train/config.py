@@ -386,7 +386,7 @@ def config_to_yaml(config: Config) -> str:
 
 
 def describe_fields(model: type[StrictModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted path, default, docstring) of every leaf field, for --docs and the README."""
+    """(dotted path, default, docstring) of every leaf field, for ``rl-train config --docs``."""
     rows = []
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"

@@ -3,7 +3,7 @@
 PPO + GAE (critic pool: values, critic_update) and ReMax (greedy_baseline): the same runs
 as ``python -m rl_train.bench.convergence --variants gae remax --max-steps 500`` (gae: 191
 steps, 8 minutes on a quiet 2-core machine; remax: 373): select with ``-m slow``. Both learn
-slower than grpo on this task (the README's convergence figures say why), so they get a
+slower than grpo on this task (``bench/convergence.py``'s variants say why), so they get a
 longer run than its 250 steps.
 """
 

@@ -43,9 +43,9 @@ GROUP_LAYOUT = [
     "actor.ppo_mini_batch_size=4",
     "actor.lr_decay_ratio=0.75",
 ]
-"""The demo's batch layout and decay when the README's convergence figures were measured (64
-prompts of 16 answers, mini-batches of 4 groups); the demo config has since moved to 32 prompts
-of 32. Every variant starts from it, so the figures stay comparable; overrides replace it."""
+"""The demo's batch layout and decay when the convergence figures (``bench/RESULTS.md``) were
+measured (64 prompts of 16 answers, mini-batches of 4 groups); the demo config has since moved to
+32 prompts of 32. Every variant starts from it, so the figures stay comparable; overrides replace it."""
 VARIANTS = {
     "grpo": ["algorithm.adv_estimator=grpo", "actor.policy_loss=vanilla"],
     "rloo": ["algorithm.adv_estimator=rloo", "actor.policy_loss=vanilla"],
@@ -55,7 +55,7 @@ VARIANTS = {
     # the critic's defaults: see engines/training/critic_config.py), remax answers each prompt
     # once greedily for its baseline (greedy_baseline). gae gets an entropy bonus: without it
     # the policy turned deterministic (on wrong answers too) before the critic's baseline
-    # could teach it, and stalled below 0.9 (README, convergence figures).
+    # could teach it, and stalled below 0.9 (best 0.83 in 500 steps: bench/RESULTS.md).
     "gae": ["algorithm.adv_estimator=gae", "actor.policy_loss=vanilla", "actor.entropy_coeff=0.01"],
     "remax": ["algorithm.adv_estimator=remax", "actor.policy_loss=vanilla"],
     # grpo on the megatron-core training engine (its CPU layer; rollout stays the built-in one).

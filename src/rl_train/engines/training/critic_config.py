@@ -13,7 +13,7 @@ faster critic trained the policy worse: 3e-3 with 2 passes reached a 5-step mean
 0.41 by step 300, 1e-3 with one pass 0.75 (and 0.83 at best by step 410), since a critic that
 chases each batch gives the policy noisier advantages. What stalled those runs was the
 policy's entropy, not the critic: with ``actor.entropy_coeff=0.01`` the same critic takes
-PPO + GAE to 0.9 at step 191 (README, convergence figures). The warm-up keeps Adam's first,
+PPO + GAE to 0.9 at step 191 (``bench/RESULTS.md``, convergence). The warm-up keeps Adam's first,
 full-size steps from throwing the fresh head's values far off.
 """
 
