@@ -98,7 +98,7 @@ def render_dataset_columns() -> str:
 def source_file(model: type[BaseModel]) -> str:
     """The file that defines ``model``, as a path from the repository root (``src/rl_train/...``)."""
     module = sys.modules[model.__module__]
-    return Path(module.__file__ or "").resolve().relative_to(SRC.parent).as_posix()
+    return "src/" + Path(module.__file__ or "").resolve().relative_to(SRC).as_posix()
 
 
 def _cell(text: str) -> str:
@@ -113,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is stale")
     args = parser.parse_args(argv)
+    if not args.out.parent.is_dir():
+        print(
+            f"{args.out.parent} is not a folder: run from a source checkout, or pass --out", file=sys.stderr
+        )
+        return 2
     text = render()
     if args.check:
         current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
