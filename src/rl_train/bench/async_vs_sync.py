@@ -260,7 +260,7 @@ def format_seeds(rows: list[dict[str, Any]], target: float = 0.9, window: int = 
         for mode in modes:
             r = by_mode.get(mode)
             to_target = r.get("seconds_to_target") if r else None
-            if not to_target:
+            if r is None or not to_target:
                 cells.append("not reached")
                 ratios[mode].append(None)
                 continue

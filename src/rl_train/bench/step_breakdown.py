@@ -67,7 +67,7 @@ def count_driver_bytes() -> Counter[str]:
         finally:
             _PHASE.reset(token)
 
-    ray.get = get
+    ray.get = get  # type: ignore[assignment]  # a pass-through wrapper cannot restate Ray's overloads of get
     PhaseRunner.__call__ = call  # type: ignore[method-assign]
     return counts
 

@@ -61,7 +61,7 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
     """The raw bytes of a contiguous CPU tensor, without a copy (numpy has no bf16: view as u8)."""
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return tensor.reshape(-1).view(torch.uint8).numpy().data.cast("B")
 
 
 def build_header(
