@@ -140,7 +140,7 @@ def first_reaching(rewards: list[float], target: float, window: int) -> int | No
 def run_mode(mode: str, config: Config, target: float, window: int) -> dict[str, Any]:
     base = get_trainer_class(mode)
 
-    class Timed(base):  # type: ignore[misc, valid-type]
+    class Timed(base):  # type: ignore[misc, valid-type]  # mypy takes no variable as a base class
         clock: dict[str, float] = {}
         step_ends: list[float] = []
 

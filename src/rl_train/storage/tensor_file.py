@@ -156,7 +156,8 @@ def _spec(name: str, entry: Any) -> tuple[str, torch.dtype, list[int], int, int]
     """(name, dtype, shape, begin, end) of one header entry, checked for form."""
     if not isinstance(entry, dict):
         raise TensorFileError(f"bad tensor header: tensor {name!r} is not an object")
-    dtype = DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
+    name_of_dtype = entry.get("dtype")
+    dtype = DTYPES.get(name_of_dtype) if isinstance(name_of_dtype, str) else None
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
     if dtype is None or not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
