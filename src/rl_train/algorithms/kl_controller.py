@@ -7,6 +7,7 @@ so beta grows while the policy drifts beyond the target and shrinks below it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +40,7 @@ class AdaptiveKLController:
 
 
 KLController = FixedKLController | AdaptiveKLController
-_CONTROLLERS = {
+_CONTROLLERS: dict[str, Callable[[KLControlConfig], KLController]] = {
     "fixed": lambda cfg: FixedKLController(cfg.kl_coef),
     "adaptive": lambda cfg: AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.horizon),
 }

@@ -140,7 +140,7 @@ def first_reaching(rewards: list[float], target: float, window: int) -> int | No
 def run_mode(mode: str, config: Config, target: float, window: int) -> dict[str, Any]:
     base = get_trainer_class(mode)
 
-    class Timed(base):  # type: ignore[misc, valid-type]
+    class Timed(base):  # type: ignore[misc, valid-type]  # mypy takes no variable as a base class
         clock: dict[str, float] = {}
         step_ends: list[float] = []
 
@@ -260,7 +260,7 @@ def format_seeds(rows: list[dict[str, Any]], target: float = 0.9, window: int = 
         for mode in modes:
             r = by_mode.get(mode)
             to_target = r.get("seconds_to_target") if r else None
-            if not to_target:
+            if r is None or not to_target:
                 cells.append("not reached")
                 ratios[mode].append(None)
                 continue

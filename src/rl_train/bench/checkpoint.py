@@ -89,7 +89,9 @@ def demo_state() -> BenchState:
 def random_state(size_mb: int) -> BenchState:
     """About ``size_mb``: bf16 weight matrices, a fifth of the bytes, and two fp32 Adam moments each."""
     generator = torch.Generator().manual_seed(0)
-    weights, moments, total = {}, {}, 0
+    weights: dict[str, torch.Tensor] = {}
+    moments: dict[int, dict[str, torch.Tensor]] = {}
+    total = 0
     while total < size_mb << 20:
         index = len(weights)
         weight = torch.randn(512, TENSOR_BYTES // 4096, generator=generator)
@@ -225,16 +227,20 @@ def measure_throughput(root: str, options: dict[str, Any] | None, state: BenchSt
         return result
 
     for step in range(1, repeats + 1):
-        size = timed("store_write", lambda step=step: write_store(store, step, state))
-        timed("store_read", lambda step=step: read_store(store, step))
-        timed("load", lambda: load_store(root, options))
-        timed("verify", lambda step=step: store.verify(step))
+        size = timed("store_write", partial(write_store, store, step, state))
+        timed("store_read", partial(read_store, store, step))
+        timed("load", partial(load_store, root, options))
+        timed("verify", partial(store.verify, step))
         raw_path = f"{base}/raw-{step}.arrow"
-        timed("raw_write", lambda path=raw_path: write_raw(fs, path, state))
-        timed("raw_read", lambda path=raw_path: read_raw(fs, path))
+        timed("raw_write", partial(write_raw, fs, raw_path, state))
+        timed("raw_read", partial(read_raw, fs, raw_path))
         fs.rm(raw_path)
     mb = size / 1e6
-    return Rates(mb, *(mb / best[name] for name in OPERATIONS), requests=requests)
+    rate = {name: mb / best[name] for name in OPERATIONS}
+    return Rates(
+        mb=mb, store_write=rate["store_write"], store_read=rate["store_read"], load=rate["load"],
+        verify=rate["verify"], raw_write=rate["raw_write"], raw_read=rate["raw_read"], requests=requests,
+    )  # fmt: skip
 
 
 def print_rates(where: str, rates: Rates) -> None:

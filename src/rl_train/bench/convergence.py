@@ -22,6 +22,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from rl_train.config import load_config  # noqa: E402
+from rl_train.flows.base import BaseTrainer  # noqa: E402
 from rl_train.flows.registry import get_trainer_class  # noqa: E402
 from rl_train.flows.train import run_training  # noqa: E402
 from rl_train.storage.metrics import read_metrics  # noqa: E402
@@ -95,7 +97,7 @@ def steps_to_target(history: list[dict[str, Any]], target: float, window: int) -
 
 
 @contextmanager
-def stop_at_target(trainer_cls: type, target: float, window: int):  # noqa: ANN201
+def stop_at_target(trainer_cls: type[BaseTrainer], target: float, window: int) -> Iterator[None]:
     original = trainer_cls.on_step_begin
 
     def on_step_begin(self: Any, step: int) -> None:

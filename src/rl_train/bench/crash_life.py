@@ -215,7 +215,7 @@ class _Killer:
         self.done = False
         self.workers: set[int] = set()
         """Pids of the run outside the driver's group, from the last scan."""
-        self.timers: list[threading.Timer] = []
+        self.timers: list[threading.Thread] = []
 
     def now(self) -> None:
         with self.lock:

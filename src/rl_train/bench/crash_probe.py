@@ -21,6 +21,7 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 MARKER_PREFIX = "crash-probe: "
 
@@ -76,7 +77,7 @@ def install_markers() -> None:
         restore(self, store, step)
         emit("restore-end", step)
 
-    BaseTrainer._restore = _restore  # type: ignore[method-assign]
+    mock.patch.object(BaseTrainer, "_restore", _restore).start()  # for the life of the probed process
     start = WorkerPools.start_weight_sync
 
     @functools.wraps(start)
@@ -86,7 +87,7 @@ def install_markers() -> None:
         threading.Thread(target=_watch_push, args=(pending, version), daemon=True).start()
         return pending
 
-    WorkerPools.start_weight_sync = start_weight_sync  # type: ignore[method-assign]
+    mock.patch.object(WorkerPools, "start_weight_sync", start_weight_sync).start()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -171,11 +171,11 @@ def measure(case: Case, engine: TorchRolloutEngine, hf_model: Any, reps: int, wa
             if side == "hf":
                 seconds, hf_out = timed(hf_run, rep + 1)
                 case.hf_seconds.append(seconds)
+                check(case, hf_out, "transformers")
             else:
                 seconds, engine_out = timed(engine_run, rep + 1)
                 case.engine_seconds.append(seconds)
-        check(case, hf_out, "transformers")
-        check(case, engine_out, "built-in")
+                check(case, engine_out, "built-in")
     assert hf_out is not None and engine_out is not None
     return hf_out, engine_out
 

@@ -26,15 +26,15 @@ def count_s3_requests(fs: fsspec.AbstractFileSystem) -> Iterator[Counter[str]]:
     if "_call_s3" in vars(fs):
         raise RuntimeError("this filesystem's S3 calls are already being counted")
     counts: Counter[str] = Counter()
-    original = fs._call_s3  # type: ignore[attr-defined]
+    original = fs._call_s3
 
     async def counted(method: str, *args: Any, **kwargs: Any) -> Any:
         counts[method] += 1
         return await original(method, *args, **kwargs)
 
-    fs._call_s3 = counted  # type: ignore[attr-defined]
-    fs.call_s3 = sync_wrapper(counted, obj=fs)  # type: ignore[attr-defined]
+    fs._call_s3 = counted
+    fs.call_s3 = sync_wrapper(counted, obj=fs)
     try:
         yield counts
     finally:
-        del fs._call_s3, fs.call_s3  # type: ignore[attr-defined]
+        del fs._call_s3, fs.call_s3

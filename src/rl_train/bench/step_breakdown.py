@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from rl_train.runtime import apply_local_defaults
 
@@ -67,8 +68,8 @@ def count_driver_bytes() -> Counter[str]:
         finally:
             _PHASE.reset(token)
 
-    ray.get = get
-    PhaseRunner.__call__ = call  # type: ignore[method-assign]
+    mock.patch.object(ray, "get", get).start()  # for the rest of this process
+    mock.patch.object(PhaseRunner, "__call__", call).start()
     return counts
 
 

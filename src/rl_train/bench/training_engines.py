@@ -18,13 +18,19 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from rl_train.algorithms.actor_loss import build_actor_loss_fn
 from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.protocol import TrainingEngine
 from rl_train.engines.training.registry import build_training_engine
 from rl_train.storage.records import collate
+
+if TYPE_CHECKING:
+    from rl_train.engines.training.megatron.engine import MegatronTrainingEngine
+    from rl_train.engines.training.torch_engine import TorchTrainingEngine
 
 
 def batch(rows: int, length: int, vocab: int, bos: int, pad: int) -> dict[str, torch.Tensor]:
@@ -44,17 +50,29 @@ def batch(rows: int, length: int, vocab: int, bos: int, pad: int) -> dict[str, t
     return collate(records, pad, ["old_log_probs", "advantages"])
 
 
-def seconds_per_step(engine: object, data: dict[str, torch.Tensor], steps: int) -> float:
+def seconds_per_step(engine: TrainingEngine, data: dict[str, torch.Tensor], steps: int) -> float:
     loss_fn = build_actor_loss_fn(ActorConfig())
-    engine.train_batch(data, loss_fn)  # type: ignore[attr-defined]  # warm-up
+    engine.train_batch(data, loss_fn)  # warm-up
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     started = time.perf_counter()
     for _ in range(steps):
-        engine.train_batch(data, loss_fn)  # type: ignore[attr-defined]
+        engine.train_batch(data, loss_fn)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return (time.perf_counter() - started) / steps
+
+
+def build_engines(model_dir: str) -> tuple[TorchTrainingEngine, MegatronTrainingEngine]:
+    """Both engines over the policy at ``model_dir`` (the bench reads where each keeps it)."""
+    from rl_train.engines.training.megatron.engine import MegatronTrainingEngine
+    from rl_train.engines.training.torch_engine import TorchTrainingEngine
+
+    torch_engine = build_training_engine("torch", model_dir, ActorConfig(engine="torch", lr=1e-5), 100)
+    megatron_engine = build_training_engine("megatron", model_dir, ActorConfig(engine="megatron", lr=1e-5), 100)
+    if not isinstance(torch_engine, TorchTrainingEngine) or not isinstance(megatron_engine, MegatronTrainingEngine):
+        raise TypeError(f"the registry built {type(torch_engine)} and {type(megatron_engine)} for torch and megatron")
+    return torch_engine, megatron_engine
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,16 +89,14 @@ def main(argv: list[str] | None = None) -> None:
             from rl_train.engines.model.tiny import create_tiny_policy
 
             model_dir = str(create_tiny_policy(Path(tmp) / "policy", seed=0, pretrain_steps=0))
-        engines = {
-            name: build_training_engine(name, model_dir, ActorConfig(engine=name, lr=1e-5), 100)
-            for name in ("torch", "megatron")
-        }
+        torch_engine, megatron_engine = build_engines(model_dir)
+        engines: dict[str, TrainingEngine] = {"torch": torch_engine, "megatron": megatron_engine}
         devices = {  # the torch engine keeps the policy on the host for now; megatron takes CUDA when it can
-            "torch": str(next(engines["torch"].model.parameters()).device),  # type: ignore[attr-defined]
-            "megatron": str(engines["megatron"].device),  # type: ignore[attr-defined]
+            "torch": str(next(torch_engine.model.parameters()).device),
+            "megatron": str(megatron_engine.device),
         }
-        tokenizer = engines["torch"].tokenizer
-        vocab = int(engines["torch"].model.config.vocab_size)  # type: ignore[attr-defined]
+        tokenizer = torch_engine.tokenizer
+        vocab = int(torch_engine.model.config.vocab_size)
         data = batch(args.rows, args.length, vocab, int(tokenizer.bos_token_id), int(tokenizer.pad_token_id))
         tokens = float(data["response_mask"].sum())
         best = {name: float("inf") for name in engines}

@@ -17,10 +17,19 @@ import ast
 import json
 import operator
 import sys
+from typing import TYPE_CHECKING
 
 from openai import OpenAI
 
-CALCULATOR = {
+if TYPE_CHECKING:  # the client's request types; names of recent clients, for the checker only
+    from openai.types.chat import (
+        ChatCompletionAssistantMessageParam,
+        ChatCompletionFunctionToolParam,
+        ChatCompletionMessageFunctionToolCallParam,
+        ChatCompletionMessageParam,
+    )
+
+CALCULATOR: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "calculator",
@@ -54,13 +63,15 @@ def calculate(expression: str) -> str:
 
 
 def solve(client: OpenAI, model: str, task: str, max_turns: int = 4, stream: bool = False, seed: int | None = None) -> str:
-    messages: list[dict] = [{"role": "user", "content": task}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": task}]
     for _ in range(max_turns):
-        reply = _ask(client, model, messages, stream, seed)
+        content, calls = _ask(client, model, messages, stream, seed)
+        reply: ChatCompletionAssistantMessageParam = {"role": "assistant", "content": content or None}
+        if calls:
+            reply["tool_calls"] = calls
         messages.append(reply)
-        calls = reply.get("tool_calls") or []
         if not calls:
-            return reply.get("content") or ""
+            return content
         for call in calls:
             try:
                 arguments = json.loads(call["function"]["arguments"])
@@ -71,23 +82,28 @@ def solve(client: OpenAI, model: str, task: str, max_turns: int = 4, stream: boo
     return ""
 
 
-def _ask(client: OpenAI, model: str, messages: list[dict], stream: bool, seed: int | None) -> dict:
-    """The assistant's reply as a message dict, streamed or not."""
+def _ask(
+    client: OpenAI, model: str, messages: list[ChatCompletionMessageParam], stream: bool, seed: int | None
+) -> tuple[str, list[ChatCompletionMessageFunctionToolCallParam]]:
+    """The assistant's reply, streamed or not: its text and its function calls."""
     if not stream:
         message = client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], seed=seed).choices[0].message
-        return message.model_dump(exclude_none=True)
-    content, calls = "", {}
+        called = [c for c in message.tool_calls or [] if c.type == "function"]
+        return message.content or "", [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in called
+        ]
+    content = ""
+    calls: dict[int, ChatCompletionMessageFunctionToolCallParam] = {}
     for chunk in client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], seed=seed, stream=True):
         delta = chunk.choices[0].delta
         content += delta.content or ""
         for call in delta.tool_calls or []:
-            entry = calls.setdefault(call.index, {"id": call.id, "type": "function", "function": {"name": "", "arguments": ""}})
-            entry["function"]["name"] += call.function.name or ""
-            entry["function"]["arguments"] += call.function.arguments or ""
-    reply: dict = {"role": "assistant", "content": content or None}
-    if calls:
-        reply["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return reply
+            entry = calls.setdefault(call.index, {"id": call.id or "", "type": "function", "function": {"name": "", "arguments": ""}})
+            if call.function is not None:  # a chunk may carry only the call's id
+                entry["function"]["name"] += call.function.name or ""
+                entry["function"]["arguments"] += call.function.arguments or ""
+    return content, [calls[i] for i in sorted(calls)]
 
 
 def run(base_url: str, api_key: str, task: str) -> str:

@@ -278,7 +278,8 @@ class BaseTrainer(ABC):
         if resolve_step_layout(self.config.trainer.step_layout) == "flat":
             return run_global_step(self, step, direct=False, label=f"step-{step}")
         with step_settings():
-            return self.global_step_flow(step)
+            # Prefect's Flow.__get__ binds the trainer at run time but keeps ``self`` in its type
+            return self.global_step_flow(step)  # type: ignore[call-overload]
 
     @flow(
         name="global-step",

@@ -79,7 +79,7 @@ def step_run_name() -> str:
     tells the steps of two runs apart. Prefect calls it inside the sub-flow's context, whose
     parameters are the bound method's (``self``, the trainer, and ``step``)."""
     context = FlowRunContext.get()
-    if context is None:
+    if context is None or context.parameters is None:
         raise RuntimeError("step_run_name is called by Prefect inside a global-step flow run")
     trainer, step = context.parameters["self"], context.parameters["step"]
     return f"{trainer.config.run.name}/step-{step}"
@@ -138,9 +138,12 @@ def publish_step(run_name: str, total_steps: int, line: str, metrics: dict[str, 
             if flow_run_id in _progress_artifacts:
                 update_progress_artifact(_progress_artifacts[flow_run_id], percent, description=description)
             else:
-                _progress_artifacts[flow_run_id] = create_progress_artifact(
+                created = create_progress_artifact(
                     percent, key=artifact_key(run_name, "progress"), description=description
                 )
+                # Prefect's dispatcher returns a coroutine only when called from async code
+                assert isinstance(created, UUID), "send runs in a plain thread, never in an event loop"
+                _progress_artifacts[flow_run_id] = created
         with _best_effort("the metrics table"):
             create_table_artifact(
                 table,

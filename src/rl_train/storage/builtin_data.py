@@ -49,7 +49,7 @@ def multi_digit_sum(
     val_pairs: set[tuple[int, int]] = set()
     while len(val_pairs) < num_val:
         val_pairs.add((rng.randint(0, high), rng.randint(0, high)))
-    train = []
+    train: list[Row] = []
     while len(train) < num_train:
         pair = (rng.randint(0, high), rng.randint(0, high))
         if pair not in val_pairs:

@@ -160,7 +160,7 @@ class CheckpointStore:
         if committed:
             raise CheckpointError(f"{self.step_uri(step)} is committed; a committed checkpoint is immutable")
 
-    def _write(self, step: int, relpath: str, produce: Callable[[HashingWriter], None]) -> PartEntry:
+    def _write(self, step: int, relpath: str, produce: Callable[[HashingWriter], object]) -> PartEntry:
         check_part_path(relpath)
         self._check_writable(step)
         with self._publisher.open(self._path(step, relpath)) as handle:

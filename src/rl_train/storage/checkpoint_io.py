@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import shutil
 import uuid
@@ -266,7 +267,9 @@ class VerifiedReader:
     ``CheckpointCorruptError`` (naming ``label``) when its size or checksum do not. With
     ``check_content`` off only the size is checked (the caller verified the content already)."""
 
-    def __init__(self, handle: BinaryIO, label: str, expected: PartEntry, check_content: bool = True) -> None:
+    def __init__(
+        self, handle: io.BufferedIOBase, label: str, expected: PartEntry, check_content: bool = True
+    ) -> None:
         self.handle = handle
         self.label = label
         self.expected = expected
@@ -328,7 +331,7 @@ class VerifiedReader:
 
 
 def _pump(
-    handle: BinaryIO, overlap: _Overlap, write: Callable[[memoryview], object] | None, expected_bytes: int
+    handle: io.BufferedIOBase, overlap: _Overlap, write: Callable[[memoryview], object] | None, expected_bytes: int
 ) -> int:
     """Read ``handle`` to its end in chunks, hashing each while the next is read (two buffers
     take turns) and passing it to ``write``; the number of bytes read. The buffers are no

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,7 +88,7 @@ def validate_row(row: dict[str, Any], path: Path, row_no: int) -> None:
 
 
 def load_prompts(
-    paths: list[str | Path],
+    paths: Sequence[str | Path],
     check_data_source: Callable[[str], object] | None = None,
     check_agent_name: Callable[[str], object] | None = None,
 ) -> list[dict[str, Any]]:

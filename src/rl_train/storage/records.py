@@ -26,8 +26,8 @@ def collate(
     response_lens = [len(r["response_ids"]) for r in records]
     width = max((p + n for p, n in zip(prompt_lens, response_lens, strict=True)), default=1)
 
-    def rows(values: list[list[float]] | list[list[int]], pad: float, prefix: list[int]) -> list[list[Any]]:
-        out = []
+    def rows(values: Sequence[Sequence[float]], pad: float, prefix: list[int]) -> list[list[float]]:
+        out: list[list[float]] = []
         for row, lead in zip(values, prefix, strict=True):
             full = [pad] * lead + list(row)
             out.append(full + [pad] * (width - len(full)))

@@ -61,7 +61,7 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
     """The raw bytes of a contiguous CPU tensor, without a copy (numpy has no bf16: view as u8)."""
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return tensor.reshape(-1).view(torch.uint8).numpy().data.cast("B")
 
 
 def build_header(
@@ -156,7 +156,8 @@ def _spec(name: str, entry: Any) -> tuple[str, torch.dtype, list[int], int, int]
     """(name, dtype, shape, begin, end) of one header entry, checked for form."""
     if not isinstance(entry, dict):
         raise TensorFileError(f"bad tensor header: tensor {name!r} is not an object")
-    dtype = DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
+    name_of_dtype = entry.get("dtype")
+    dtype = DTYPES.get(name_of_dtype) if isinstance(name_of_dtype, str) else None
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
     if dtype is None or not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):

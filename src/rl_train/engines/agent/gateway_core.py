@@ -85,9 +85,8 @@ class _Mark:
         if not self.had_trajectory or t is None:
             session.trajectory = None
             return
-        for values, length in zip(
-            (t.response_ids, t.response_mask, t.log_probs, t.token_versions, t.tool_calls, t.states), self.lengths, strict=True
-        ):
+        columns: tuple[list[Any], ...] = (t.response_ids, t.response_mask, t.log_probs, t.token_versions, t.tool_calls, t.states)
+        for values, length in zip(columns, self.lengths, strict=True):
             del values[length:]
         t.turns, t.stop_reason = self.turns, self.stop_reason
 

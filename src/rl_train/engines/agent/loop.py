@@ -233,14 +233,14 @@ class ToolAgentLoop:
             for t in generating
         ]
         aborted = False
-        paused = stop is not None and interrupted is not None
         for trajectory, result in zip(generating, self.engine.generate(requests, params), strict=True):
             start = len(trajectory.response_ids) if trajectory.turn_start is None else trajectory.turn_start
-            pause = result.stop_reason == "aborted" and paused and not stop.is_set()  # type: ignore[union-attr]
-            self._append_turn(trajectory, result, ended=not pause)
-            if pause:
+            paused = result.stop_reason == "aborted" and stop is not None and not stop.is_set()
+            parked = interrupted if paused else None  # where a paused turn waits; None: it ended
+            self._append_turn(trajectory, result, ended=parked is None)
+            if parked is not None:
                 trajectory.turn_start = start
-                interrupted.append(trajectory)  # type: ignore[union-attr]
+                parked.append(trajectory)
                 continue
             trajectory.turn_start = None
             if result.stop_reason == "aborted":
@@ -248,7 +248,9 @@ class ToolAgentLoop:
                 aborted = True
                 continue
             new_ids = trajectory.response_ids[start:]
-            call = parse_tool_call(self.tokenizer.decode(new_ids, skip_special_tokens=True))
+            text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+            assert isinstance(text, str)  # transformers types decode str | list[str]; one id list is one str
+            call = parse_tool_call(text)
             if call is None:
                 self._end(trajectory, result.stop_reason)
             else:

@@ -23,9 +23,10 @@ nothing, which would make NaNs that a later layer multiplies by zero weights.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -322,7 +323,7 @@ def _fuse(linears: list[nn.Linear]) -> Fused:
         has_bias = [lin.bias is not None for lin in linears]
         if any(has_bias) and not all(has_bias):
             raise ValueError("fusing projections of which only some have a bias")
-        bias = torch.cat([lin.bias for lin in linears]) if all(has_bias) else None  # type: ignore[misc]
+        bias = torch.cat([lin.bias for lin in linears]) if all(has_bias) else None
     start = 0
     for lin in linears:
         end = start + lin.out_features
@@ -343,7 +344,7 @@ def fuse_projections(model: NativeCausalLM) -> None:
 
     Anything that replaces a parameter's storage (``.data =``, moving the model to another
     device) cuts it from its stack: call ``unfuse_projections`` before and this again after."""
-    for layer in model.model.layers:
+    for layer in model.model.decoder_layers():
         attn, mlp = layer.self_attn, layer.mlp
         attn.fused = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
         mlp.fused = _fuse([mlp.gate_proj, mlp.up_proj])
@@ -351,7 +352,7 @@ def fuse_projections(model: NativeCausalLM) -> None:
 
 def unfuse_projections(model: NativeCausalLM) -> None:
     """Back to one matmul per projection (the parameters keep their values)."""
-    for layer in model.model.layers:
+    for layer in model.model.decoder_layers():
         layer.self_attn.fused = None
         layer.mlp.fused = None
 
@@ -373,12 +374,20 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     """The decoder stack (transformers' ``model.model``): token ids to final hidden states."""
 
+    inv_freq: torch.Tensor
+    """A buffer (``register_buffer``), declared here because the type checker cannot see buffers."""
+
     def __init__(self, cfg: NativeConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.register_buffer("inv_freq", rope_inverse_frequencies(cfg), persistent=False)
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """``layers`` with their type: an ``nn.ModuleList`` holds any module as far as the type
+        checker knows, and ``__init__`` fills this one with ``DecoderLayer`` only."""
+        return list(cast("Iterable[DecoderLayer]", self.layers))
 
     def forward(
         self,

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rl_train.engines.model.native import (
+    Backbone,
+    Fused,
     KVCache,
     NativeCausalLM,
     attention_mask_4d,
@@ -35,7 +37,7 @@ from rl_train.engines.model.scripted import scripted as compiled
 def can_decode_fast(model: nn.Module) -> bool:
     """Whether ``decode_logits`` applies: a native model whose projections are fused."""
     return isinstance(model, NativeCausalLM) and all(
-        layer.self_attn.fused is not None and layer.mlp.fused is not None for layer in model.model.layers
+        layer.self_attn.fused is not None and layer.mlp.fused is not None for layer in model.model.decoder_layers()
     )
 
 
@@ -83,7 +85,7 @@ def decode_logits(
     return logits
 
 
-def rope_table(backbone: nn.Module, bound: int, dtype: torch.dtype) -> torch.Tensor:
+def rope_table(backbone: Backbone, bound: int, dtype: torch.dtype) -> torch.Tensor:
     """[N, 2D]: each position's cos and signed sin (``rope_tables``) side by side, for every
     position up to the longest needed so far (N >= ``bound``), kept on the backbone per device
     and dtype."""
@@ -126,21 +128,23 @@ def decode_weights(model: NativeCausalLM) -> DecodeWeights:
     weights are written in place (weight sync); gather them again after anything that replaces
     a weight's storage (sleep and wake, ``fuse_projections``)."""
     if not can_decode_fast(model):
-        raise ValueError("decode_logits needs a native model with fused projections (fuse_projections)")
-    layers = model.model.layers
+        raise ValueError(_NOT_FUSED)
+    layers = model.model.decoder_layers()
     attn = [layer.self_attn for layer in layers]
     mlp = [layer.mlp for layer in layers]
+    qkv = [_stacked(a.fused) for a in attn]
+    gate_up = [_stacked(m.fused) for m in mlp]
     first = attn[0]
     tensors = (
         model.model.embed_tokens.weight,
         [layer.input_layernorm.weight for layer in layers],
-        [a.fused.weight for a in attn],
-        [a.fused.bias for a in attn],
+        [f.weight for f in qkv],
+        [f.bias for f in qkv],
         [a.o_proj.weight for a in attn],
         [a.o_proj.bias for a in attn],
         [layer.post_attention_layernorm.weight for layer in layers],
-        [m.fused.weight for m in mlp],
-        [m.fused.bias for m in mlp],
+        [f.weight for f in gate_up],
+        [f.bias for f in gate_up],
         [m.down_proj.weight for m in mlp],
         [m.down_proj.bias for m in mlp],
         model.model.norm.weight,
@@ -152,6 +156,16 @@ def decode_weights(model: NativeCausalLM) -> DecodeWeights:
         first.head_dim,
     )
     return DecodeWeights(len(layers), tensors)
+
+
+_NOT_FUSED = "decode_logits needs a native model with fused projections (fuse_projections)"
+
+
+def _stacked(fused: Fused | None) -> Fused:
+    """A projection's stacked weights (``can_decode_fast`` checked that every layer has them)."""
+    if fused is None:
+        raise ValueError(_NOT_FUSED)
+    return fused
 
 
 def decode_stack(

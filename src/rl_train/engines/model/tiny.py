@@ -35,8 +35,7 @@ def tiny_qwen2_config(
         pad_token_id=pad_token_id,
         bos_token_id=bos_token_id,
         eos_token_id=eos_token_id,
-        rope_theta=10000.0,
-    )
+    )  # rope theta: the default, 10000 (transformers 4 names it rope_theta, 5 rope_parameters)
 
 
 def format_corpus(num_samples: int, seed: int, prior_correct: float = 0.0) -> list[str]:

@@ -55,15 +55,19 @@ class PolicyEvaluator:
     def answer(self, prompts: list[dict[str, Any]], params: SamplingParams, n: int = 1) -> list[ScoredAnswer]:
         """``n`` answers to each row of ``prompts`` (``prompt``, ``data_source``, ``ground_truth``),
         prompt-major, each scored by the grader its ``data_source`` routes to."""
-        from rl_train.engines.agent.registry import AGENT_LOOPS
+        from rl_train.engines.agent.registry import AGENT_LOOPS, Start
         from rl_train.engines.workers.rollout_worker import agent_fields
 
         owners = [i for i in range(len(prompts)) for _ in range(n)]
         loops = [self.agent.loop_for(prompts[i]) for i in owners]
         results: dict[str, Any] = {}
         for loop in dict.fromkeys(loops):
-            starts = [(str(j), self.encode_prompt(prompts[i]["prompt"]), []) for j, i in enumerate(owners) if loops[j] == loop]
-            results.update((t.request_id, t) for t in AGENT_LOOPS.get(loop)(self.engine, starts, params, self.agent, None))
+            starts: list[Start] = [
+                (str(j), self.encode_prompt(prompts[i]["prompt"]), []) for j, i in enumerate(owners) if loops[j] == loop
+            ]
+            # no stop (an evaluation runs to its end), no early hand-off, no starts queued later
+            finished = AGENT_LOOPS.get(loop)(self.engine, starts, params, self.agent, None, None, None)
+            results.update((t.request_id, t) for t in finished)
         answers = []
         for j, i in enumerate(owners):
             result, row, truth = results[str(j)], prompts[i], str(prompts[i]["ground_truth"])

@@ -70,4 +70,4 @@ def step_without_compiler(optimizer: torch.optim.Optimizer) -> None:
 
     torch.optim.Optimizer.profile_hook_step(step_in_grad_mode)(optimizer)
     if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
-        optimizer._opt_called = True  # type: ignore[attr-defined] (what the scheduler's wrapper sets)
+        optimizer._opt_called = True  # type: ignore[attr-defined]  # torch leaves undeclared the flag its LR-scheduler wrapper sets

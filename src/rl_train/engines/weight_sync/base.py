@@ -22,6 +22,8 @@ from rl_train.registry import Registry
 if TYPE_CHECKING:  # the driver builds backends and never imports torch
     import torch
 
+    from rl_train.engines.weight_sync.config import WeightSyncConfig
+
 NamedTensors = Iterable[tuple[str, "torch.Tensor"]]
 SparseUpdates = Iterable[tuple[str, "torch.Tensor", "torch.Tensor"]]
 """(tensor name, flat int positions, new values) of entries to overwrite in place."""
@@ -125,7 +127,16 @@ class WeightSyncBackend(Protocol):
     def build_receiver(self, descriptor: dict[str, Any]) -> WeightReceiver: ...
 
 
-WEIGHT_SYNC_BACKENDS: Registry[type] = Registry("weight-sync backend")
+class WeightSyncBackendClass(Protocol):
+    """What the registry holds: a backend's class, which says whether it uses a transport
+    before it is built (checked at config load) and is built from ``rollout.weight_sync``."""
+
+    uses_transport: bool
+
+    def __call__(self, cfg: WeightSyncConfig) -> WeightSyncBackend: ...
+
+
+WEIGHT_SYNC_BACKENDS: Registry[WeightSyncBackendClass] = Registry("weight-sync backend")
 
 
 def import_builtin_backends() -> None:
@@ -134,7 +145,7 @@ def import_builtin_backends() -> None:
     from rl_train.engines.weight_sync import backends  # noqa: F401
 
 
-def build_weight_sync_backend(cfg: Any) -> WeightSyncBackend:
+def build_weight_sync_backend(cfg: WeightSyncConfig) -> WeightSyncBackend:
     """Instantiate the backend named by ``cfg.backend`` (a ``WeightSyncConfig``)."""
     import_builtin_backends()
     return WEIGHT_SYNC_BACKENDS.get(cfg.backend)(cfg)

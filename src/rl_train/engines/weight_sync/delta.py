@@ -14,7 +14,7 @@ and nothing is ever half-applied. Any failure mid-sync forces the next sync to b
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import torch
@@ -172,8 +172,9 @@ class _FullSync(StreamedTensors):
         self._keep_mirror = not isinstance(engine, AcceptsSparseUpdates)
         engine.update_weights(self, version)
 
-    def _record(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        layout, mirror = self._receiver.layout, {} if self._keep_mirror else None
+    def _record(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> Generator[tuple[str, torch.Tensor], None, None]:
+        layout = self._receiver.layout
+        mirror: dict[str, torch.Tensor] | None = {} if self._keep_mirror else None
         self._receiver.mirror = mirror
         for name, tensor in tensors:
             layout[name] = (tensor.dtype, tensor.numel())
@@ -203,7 +204,7 @@ class _DeltaSync(StreamedTensors):
             )
         engine.update_weights(self, version)
 
-    def _changed_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def _changed_tensors(self) -> Generator[tuple[str, torch.Tensor], None, None]:
         mirror = self._receiver.mirror
         assert mirror is not None, "load_into checks for the mirror before the tensors are read"
         for name in apply_flushes(self._flushes, mirror):

@@ -42,7 +42,7 @@ def checksum(segments: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> int:
     for name, index, values in segments:
         crc = zlib.crc32(name.encode(), crc)
         for part in (index, values):
-            crc = zlib.crc32(memoryview(part.contiguous().view(torch.uint8).numpy()), crc)
+            crc = zlib.crc32(part.contiguous().view(torch.uint8).numpy().data, crc)
     return crc
 
 

@@ -216,7 +216,7 @@ def encode_frame(message: Message, tensors: Sequence[torch.Tensor] = ()) -> list
             pieces.append(bytes(start - cursor))
         data = raw_bytes(tensor)
         if data.numel():
-            pieces.append(memoryview(data.numpy()))
+            pieces.append(data.numpy().data)  # the array's buffer, no copy
         cursor = start + data.numel()
     return pieces
 

@@ -7,7 +7,7 @@ buffer, lent until the next one is requested, so a receiver adds no copy of its 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import torch
@@ -69,7 +69,7 @@ class StreamReceiver:
         self._sender_aborted, self._in_stream = False, True
         return header
 
-    def tensors(self, deadline: Deadline) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, deadline: Deadline) -> Generator[tuple[str, torch.Tensor], None, None]:
         """The stream's tensors, acked bucket by bucket.
 
         Each tensor is valid until the next one is requested (whole tensors are views of the
@@ -153,7 +153,7 @@ class StreamedTensors:
     def __init__(
         self,
         stream: StreamReceiver,
-        tensors: Iterator[tuple[str, torch.Tensor]],
+        tensors: Generator[tuple[str, torch.Tensor], None, None],
         version: int,
         deadline: Deadline,
     ) -> None:

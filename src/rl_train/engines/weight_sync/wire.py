@@ -108,7 +108,7 @@ def recv_frame(
     if into is None or into.numel() < payload_nbytes:
         into = torch.empty(payload_nbytes, dtype=torch.uint8)
     payload = into[:payload_nbytes]
-    got = _fill(sock, memoryview(payload.numpy()), deadline, waiting_for) if payload_nbytes else 0
+    got = _fill(sock, payload.numpy().data, deadline, waiting_for) if payload_nbytes else 0
     _check_complete(got, payload_nbytes, "payload", waiting_for)
     return message, frame.tensors_from_payload(payload, specs)
 

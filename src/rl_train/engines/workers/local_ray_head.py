@@ -53,7 +53,7 @@ def _lean_node_class() -> type | None:
     except ImportError:
         return None
 
-    class LeanHeadNode(Node):  # type: ignore[misc,valid-type]
+    class LeanHeadNode(Node):
         """Ray's head node without the dashboard's API server (see the module docstring)."""
 
         def start_api_server(self, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
@@ -81,7 +81,8 @@ def start_local_head(
             num_cpus=num_cpus,
             include_dashboard=False,
             no_monitor=True,
-            include_log_monitor=log_monitor,
+            # Ray annotates this Optional[str], yet reads it as a flag (its docstring: "If True")
+            include_log_monitor=log_monitor,  # type: ignore[arg-type]
             temp_dir=temp_dir,
             _system_config=_system_config(startup_concurrency),
         )

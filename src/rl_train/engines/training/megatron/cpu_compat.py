@@ -62,6 +62,14 @@ class CudaCallsToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _cpu_device() -> torch.device:
+    return torch.device("cpu")
+
+
+def _seed_cpu(seed: int) -> None:
+    torch.manual_seed(seed)
+
+
 def install_cpu_patches() -> None:
     """Point ``torch.cuda``'s device and RNG calls and megatron's RNG helpers at the CPU (once)."""
     global _installed
@@ -69,9 +77,10 @@ def install_cpu_patches() -> None:
         return
     import megatron.core.tensor_parallel.random as megatron_random
 
-    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
-    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()  # type: ignore[assignment]
-    torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)  # type: ignore[assignment]
+    # torch types current_device as an int index; megatron passes it on as a device, here the CPU
+    torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    torch.cuda.manual_seed = _seed_cpu
     megatron_random._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
     megatron_random._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)
     _installed = True

@@ -32,7 +32,7 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -66,6 +66,15 @@ purpose, and it calls torch's older collective names), not the user's concern.""
 
 HF_SIDE_FILES = ("config.json", "generation_config.json")
 """Files of the HF model directory that ``save_pretrained`` copies as they are."""
+T = TypeVar("T")
+
+
+def _entry(state: dict[str, object], key: str, kind: type[T]) -> T:
+    """``state[key]``, which ``state_dict`` made a ``kind``; anything else is not this engine's state."""
+    value = state[key]
+    if not isinstance(value, kind):
+        raise TypeError(f"megatron engine state: {key!r} is a {type(value).__name__}, not a {kind.__name__}")
+    return value
 
 
 class LayoutMismatchError(ValueError):
@@ -315,22 +324,22 @@ class MegatronTrainingEngine:
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        layout = dict(state["layout"])  # type: ignore[call-overload]
+        layout = dict(_entry(state, "layout", dict))
         mine = dict(self.layout, tensor_rank=self.tp_rank, pipeline_rank=self.pp_rank, data_rank=self.dp_rank)
         if layout != mine:
             raise LayoutMismatchError(f"the checkpoint was saved under the parallel layout {layout}, this rank is {mine}")
         params = dict(self.model.named_parameters())
-        saved: dict[str, torch.Tensor] = state["model"]  # type: ignore[assignment]
+        saved: dict[str, torch.Tensor] = _entry(state, "model", dict)
         with torch.no_grad():
             for name, tensor in saved.items():
                 params[f"module.{name}"].copy_(tensor)
         self.optimizer.optimizer.load_state_dict(state["optimizer"])
         main = getattr(self.optimizer, "shard_fp32_from_float16_groups", [])
         with torch.no_grad():
-            for group, saved_group in zip(main, state["main_params"], strict=True):  # type: ignore[call-overload]
+            for group, saved_group in zip(main, _entry(state, "main_params", list), strict=True):
                 for tensor, value in zip([t for t in group if t is not None], saved_group, strict=True):
                     tensor.copy_(value)
-        self.steps = int(state["scheduler"]["steps"])  # type: ignore[index]
+        self.steps = int(_entry(state, "scheduler", dict)["steps"])
         self._set_lr()
 
     def save_pretrained(self, path: Path) -> None:

@@ -47,7 +47,7 @@ def _group(store: Any, prefix: str, rank: int, world_size: int, timeout_seconds:
     if _device().type == "cuda":
         from torch.distributed import ProcessGroupNCCL
 
-        return ProcessGroupNCCL(store, rank, world_size)
+        return ProcessGroupNCCL(store, rank, world_size, ProcessGroupNCCL.Options())  # the default options
     return ProcessGroupGloo(store, rank, world_size, timeout)
 
 
