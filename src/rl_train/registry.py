@@ -99,12 +99,9 @@ class Registry(Generic[E]):
 
     def __getitem__(self, name: str) -> E:
         """The entry of ``name``; an unknown name lists the available ones."""
-        try:
-            return self._table[name]
-        except KeyError:
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; available: {', '.join(self.names()) or '(none)'}"
-            ) from None
+        if name not in self._table:
+            raise self._unknown(name)
+        return self._table[name]
 
     def get(self: Registry[Entry[T]], name: str) -> T:
         """The implementation registered as ``name`` (imported now if the table names its path)."""
@@ -113,7 +110,8 @@ class Registry(Generic[E]):
     def check(self, name: str) -> str:
         """``name`` if registered, else ``UnknownNameError`` (a ``ValueError``): a pydantic
         validator, so that an unknown name fails at config load under its dotted path."""
-        self[name]
+        if name not in self._table:
+            raise self._unknown(name)
         return name
 
     def names(self) -> list[str]:
@@ -133,6 +131,9 @@ class Registry(Generic[E]):
 
     def __len__(self) -> int:
         return len(self._table)
+
+    def _unknown(self, name: object) -> UnknownNameError:
+        return UnknownNameError(f"unknown {self.kind} {name!r}; available: {', '.join(self.names()) or '(none)'}")
 
 
 REGISTRIES = (

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 
 class BackendClass(Protocol):
-    """A backend class as the table holds it: what the config check and the pools read before
-    building one, and its constructor."""
+    """A backend class as the table holds it: what it declares before one is built (the config
+    check reads ``uses_transport``), and its constructor."""
 
     handover: bool
     """True when ``send`` returns a payload the receivers need."""
