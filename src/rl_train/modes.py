@@ -2,8 +2,8 @@
 
 The trainer classes (``flows/``) differ by lifecycle hooks; what a mode means for the config
 lives here, so that loading and validating a config imports neither Ray, Prefect nor the
-flows. ``flows.registry`` refuses a trainer class whose mode has no spec here, and a test
-checks that the two tables name the same modes.
+flows. ``MODES`` is the one table of modes: each entry names its trainer class by import
+path (``flows.registry`` imports it when a run starts) beside its defaults and refusals.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from rl_train.registry import Entry, Registry
 
 if TYPE_CHECKING:
     from rl_train.config import Config
@@ -20,8 +22,10 @@ DefaultValue = Any
 
 
 @dataclass(frozen=True)
-class ModeSpec:
-    name: str
+class ModeSpec(Entry[type]):
+    """A trainer mode: its trainer class (a ``BaseTrainer`` subclass, by import path) and what
+    the mode asks of the config."""
+
     defaults: dict[str, DefaultValue] = field(default_factory=dict)
     """Dotted config keys this mode defaults differently, applied at load where the user set none."""
     check: Callable[[Config], list[str]] = field(default=lambda config: [])
@@ -138,14 +142,20 @@ def _separate_async_errors(config: Config) -> list[str]:
     return errors
 
 
-MODES: dict[str, ModeSpec] = {
-    spec.name: spec
-    for spec in (
-        ModeSpec(
-            "sync", {"algorithm.rollout_correction.preset": sync_rollout_correction}, pi_old_copy_errors(False)
+MODES: Registry[ModeSpec] = Registry(
+    "trainer mode",
+    "trainer.mode",
+    {
+        "sync": ModeSpec(
+            "rl_train.flows.sync:SyncTrainer",
+            "rollout and training share the devices and strictly alternate; staleness is always 0 (R-2.4).",
+            {"algorithm.rollout_correction.preset": sync_rollout_correction},
+            pi_old_copy_errors(False),
         ),
-        ModeSpec(
-            "colocate_async",
+        "colocate_async": ModeSpec(
+            "rl_train.flows.colocate_async:ColocateAsyncTrainer",
+            "rollout and training share the devices; the long tail of a step's rollouts continues, "
+            "partially, under the next step's weights (staleness <= 1, R-2.5).",
             {
                 **ASYNC_DEFAULTS,
                 COPY_PI_OLD: lambda data: copies_are_exact(data, pins_pi_old=False),
@@ -155,8 +165,10 @@ MODES: dict[str, ModeSpec] = {
             },
             pi_old_copy_errors(False),
         ),
-        ModeSpec(
-            "separate_async",
+        "separate_async": ModeSpec(
+            "rl_train.flows.separate_async:SeparateAsyncTrainer",
+            "a standalone rollout pool that never stops generating; the trainer runs "
+            "parameter_sync_step local updates per global step and pushes weights without waiting (R-2.6).",
             {
                 **ASYNC_DEFAULTS,
                 "trainer.parameter_sync_step": 4,  # R-2.3
@@ -169,13 +181,5 @@ MODES: dict[str, ModeSpec] = {
             },
             lambda config: _separate_async_errors(config) + pi_old_copy_errors(True)(config),
         ),
-    )
-}
-
-
-def get_mode(name: str) -> ModeSpec:
-    """The spec of a registered mode; an unknown name lists the registered ones."""
-    try:
-        return MODES[name]
-    except KeyError:
-        raise KeyError(f"unknown trainer mode {name!r}; available: {', '.join(sorted(MODES))}") from None
+    },
+)

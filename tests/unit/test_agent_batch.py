@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 
 from rl_train.config import ConfigError, load_config
-from rl_train.engines.agent.config import BUILTIN_AGENT_LOOPS, AgentConfig
+from rl_train.engines.agent import tools
+from rl_train.engines.agent.config import AgentConfig
 from rl_train.engines.agent.loop import AgentLimits, ToolAgentLoop
 from rl_train.engines.agent.metrics import agent_metrics, percentile
-from rl_train.engines.agent.registry import AGENT_LOOPS
-from rl_train.engines.agent.tools import TOOLS, Tool, register_tool
+from rl_train.engines.agent.tools import Tool
 from rl_train.engines.model.tokenizer import load_tokenizer
 from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, SamplingParams
 from rl_train.engines.workers.rollout_worker import agent_fields
+from rl_train.registry import Registry
 
 CALL = '<tool_call>{{"name":"{name}","arguments":{arguments}}}</tool_call>'
 
@@ -49,20 +50,22 @@ def tokenizer(tiny_model_dir: Path):
     return load_tokenizer(tiny_model_dir)
 
 
-_RELEASES: dict[str, threading.Event] = {}
+def _with_tool(monkeypatch: pytest.MonkeyPatch, tool: Tool) -> None:
+    """The tool table with ``tool`` added, for this test only (the table itself is fixed)."""
+    table = {name: tools.TOOLS[name] for name in tools.TOOLS}
+    monkeypatch.setattr(tools, "TOOLS", Registry("tool", tools.TOOLS.chosen_by, {**table, tool.name: tool}))
 
 
-def _released_tool(name: str, why: str) -> threading.Event:
+def _released_tool(monkeypatch: pytest.MonkeyPatch, name: str, why: str) -> threading.Event:
     """A tool ``name`` that answers "late" once the returned event is set (fails after 5 s: ``why``)."""
-    _RELEASES[name] = threading.Event()  # each call's own event; the tool is registered once
+    released = threading.Event()
 
     def slow(arguments: dict, timeout_s: float) -> str:
-        assert _RELEASES[name].wait(timeout=5), why
+        assert released.wait(timeout=5), why
         return "late"
 
-    if name not in TOOLS:
-        register_tool(Tool(name, "answers when released", {"type": "object"}, slow))
-    return _RELEASES[name]
+    _with_tool(monkeypatch, Tool(name, "answers when released", {"type": "object"}, slow))
+    return released
 
 
 def _calc(expression: str) -> str:
@@ -90,9 +93,9 @@ def test_each_round_is_one_engine_batch_of_the_trajectories_ready(tokenizer) -> 
     assert "<tool_response>6</tool_response>" in texts[2] and "<tool_response>7</tool_response>7" in texts[2]
 
 
-def test_a_slow_tool_holds_back_only_its_own_trajectory(tokenizer) -> None:
+def test_a_slow_tool_holds_back_only_its_own_trajectory(tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     """b's tool answers only after a has had its second turn: a never waits for b's call."""
-    released = _released_tool("test_slow", "a's second turn never came")
+    released = _released_tool(monkeypatch, "test_slow", "a's second turn never came")
 
     class Releasing(BatchScript):
         def generate(self, requests, params):
@@ -198,9 +201,9 @@ def test_with_stop_set_an_abort_ends_the_trajectory(tokenizer) -> None:
     assert len(engine.batches) == 1
 
 
-def test_a_batch_takes_in_new_trajectories_while_its_tools_run(tokenizer) -> None:
+def test_a_batch_takes_in_new_trajectories_while_its_tools_run(tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     """b is admitted while a waits on a slow tool, and runs (and ends) before a's tool answers."""
-    released = _released_tool("test_slow_admit", "b never ran")
+    released = _released_tool(monkeypatch, "test_slow_admit", "b never ran")
     engine = BatchScript(tokenizer, {"a": [CALL.format(name="test_slow_admit", arguments="{}"), "ok"], "b": ["9"]})
     queued = [[("b", [1])]]
 
@@ -219,7 +222,7 @@ def test_a_batch_takes_in_new_trajectories_while_its_tools_run(tokenizer) -> Non
     assert out[0].tool_calls[0].name == "test_slow_admit" and not out[0].tool_calls[0].error
 
 
-def test_the_tool_calls_of_a_round_run_side_by_side(tokenizer) -> None:
+def test_the_tool_calls_of_a_round_run_side_by_side(tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two calls that each wait for the other: they only both answer if they run at once."""
     meeting = threading.Barrier(2)
 
@@ -227,17 +230,12 @@ def test_the_tool_calls_of_a_round_run_side_by_side(tokenizer) -> None:
         meeting.wait(timeout=5)
         return "met"
 
-    if "test_meet" not in TOOLS:
-        register_tool(Tool("test_meet", "waits for a second caller", {"type": "object"}, meet))
+    _with_tool(monkeypatch, Tool("test_meet", "waits for a second caller", {"type": "object"}, meet))
     call = CALL.format(name="test_meet", arguments="{}")
     engine = BatchScript(tokenizer, {"a": [call, "ok"], "b": [call, "ok"]})
     loop = ToolAgentLoop(engine, AgentLimits(max_response_tokens=400, tool_timeout_s=10))  # type: ignore[arg-type]
     out = loop.run_batch([("a", [1]), ("b", [1])], SamplingParams())
     assert [[c.error for c in t.tool_calls] for t in out] == [[False], [False]]
-
-
-def test_the_registry_is_the_loops_the_config_knows() -> None:
-    assert set(AGENT_LOOPS.names()) == set(BUILTIN_AGENT_LOOPS)
 
 
 def test_a_prompt_s_loop_is_its_column_then_its_data_source_then_the_default() -> None:
@@ -248,7 +246,7 @@ def test_a_prompt_s_loop_is_its_column_then_its_data_source_then_the_default() -
 
 
 def test_an_unknown_loop_fails_at_load_naming_where() -> None:
-    with pytest.raises(ConfigError, match=r"rollout.agent.default: unknown agent loop 'chatty'; available: single_turn, tool_agent"):
+    with pytest.raises(ConfigError, match=r"rollout.agent.default: unknown agent loop 'chatty'; available: gateway_agent, single_turn, tool_agent"):
         load_config(None, ["rollout.agent.default=chatty"])
     with pytest.raises(ConfigError, match=r"rollout.agent.by_data_source.*arith: unknown agent loop 'x'"):
         load_config(None, ['rollout.agent.by_data_source={"arith": "x"}'])

@@ -95,7 +95,7 @@ def test_long_tail_delays_are_heavy_tailed_and_repeatable() -> None:
 
 
 def test_a_tool_call_does_not_check_the_schema_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The schema is checked once, when the tool is registered; a call only validates its
+    """The schema is checked once, when the tool is made; a call only validates its
     arguments (checking the schema every call was 6% of a rollout replica's samples under a sampling profiler)."""
     import jsonschema
 

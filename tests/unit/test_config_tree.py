@@ -9,7 +9,9 @@ import pytest
 from rl_train.config import Config, ConfigError, describe_fields, load_config
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.torch_engine import lr_lambda
-from rl_train.flows.registry import TRAINERS, load_builtin_trainers, register_trainer
+from rl_train.flows.registry import get_trainer_class
+from rl_train.modes import MODES
+from rl_train.registry import UnknownNameError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,25 +107,17 @@ def test_num_actors_counts_every_pool_the_run_creates() -> None:
     assert gae.critic.enable and gae.num_actors == 4 + 2
 
 
-def test_trainer_registry_rejects_a_second_class_under_one_name() -> None:
-    load_builtin_trainers()
-    assert "sync" in TRAINERS
-
-    with pytest.raises(ValueError, match="already registered"):
-
-        @register_trainer("sync")
-        class Impostor:  # noqa: F841
-            pass
+def test_an_unknown_trainer_mode_lists_the_modes() -> None:
+    expected = "unknown trainer mode 'turbo'; available: colocate_async, separate_async, sync"
+    with pytest.raises(UnknownNameError, match=expected):
+        get_trainer_class("turbo")
 
 
-def test_a_trainer_class_needs_a_mode_spec_and_every_spec_has_a_class() -> None:
-    """The config-side table (rl_train.modes) and the trainer classes name the same modes."""
-    from rl_train.modes import MODES
+def test_every_mode_names_a_trainer_class_defined_in_its_own_module() -> None:
+    """The modes' table (rl_train.modes) names each trainer class by import path: a run imports
+    exactly that class, from the module start-up imports early (``flows.startup``)."""
+    from rl_train.flows.base import BaseTrainer
 
-    load_builtin_trainers()
-    assert TRAINERS.names() == sorted(MODES)
-    with pytest.raises(ValueError, match="no spec in rl_train.modes"):
-
-        @register_trainer("turbo_async")
-        class Unspecified:  # noqa: F841
-            pass
+    for name in MODES:
+        trainer = get_trainer_class(name)
+        assert issubclass(trainer, BaseTrainer) and trainer.__module__ == MODES[name].module, name

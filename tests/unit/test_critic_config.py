@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_train.algorithms.advantage import ADV_ESTIMATORS, AdvantageInputs, EstimatorNeeds, estimator_needs
+from rl_train.algorithms.advantage import ADV_ESTIMATORS, EstimatorNeeds, estimator_needs
+from rl_train.algorithms.advantage_base import AdvantageInputs
 from rl_train.algorithms.config import AlgorithmConfig
 from rl_train.config import Config, ConfigError, load_config
 from rl_train.flows.step import StepPlan

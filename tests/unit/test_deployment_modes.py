@@ -6,13 +6,12 @@ import pytest
 
 from rl_train.config import load_config
 from rl_train.deployments.serve import DEPLOYMENT_MODES, build_deployments, deployment_parameters
-from rl_train.flows.registry import TRAINERS, load_builtin_trainers
 from rl_train.flows.train import resolve_config
+from rl_train.modes import MODES
 
 
 def test_each_registered_mode_has_a_deployment() -> None:
-    load_builtin_trainers()
-    assert sorted(DEPLOYMENT_MODES.values()) == TRAINERS.names()
+    assert sorted(DEPLOYMENT_MODES.values()) == MODES.names()
     assert {d.name for d in build_deployments()} == {"sync", "colocate", "separate"}
 
 

@@ -18,7 +18,7 @@ def test_the_flows_pools_and_worker_classes_import_no_torch() -> None:
 @pytest.mark.parametrize("backend", ["naive", "bucketed", "delta"])
 def test_building_a_weight_sync_backend_in_the_driver_imports_no_torch(backend: str) -> None:
     statement = (
-        "from rl_train.engines.weight_sync.base import build_weight_sync_backend; "
+        "from rl_train.engines.weight_sync.backends import build_weight_sync_backend; "
         "from rl_train.engines.weight_sync.config import WeightSyncConfig; "
         f"build_weight_sync_backend(WeightSyncConfig(backend={backend!r}))"
     )

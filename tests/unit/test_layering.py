@@ -32,6 +32,8 @@ RANKS = {
     "flows": 7,
     "deployments": 8,
     "cli.py": 9,
+    "reference_names.py": 9,
+    "reference_doc.py": 10,
     "bench": 10,
     "examples": 10,
 }
@@ -40,7 +42,8 @@ lower rank (its own modules aside). Leaves first: the registry, process helpers 
 algorithms; storage (records, checkpoints, the replay buffers) below the engines, which read
 and write it (a worker restores its engine from a ``CheckpointStore``; storage is handed what
 it needs of an engine, such as the reward routing, by its caller); the config tree above the
-engines and storage whose configs it gathers; then tasks, flows, deployments and the CLI. The
+engines and storage whose configs it gathers; then tasks, flows, deployments, the CLI and the
+generator of docs/reference.md (which reads the config tree and every registry). The
 benchmarks and examples sit on top: they may import anything, and nothing imports them."""
 
 TYPE_ONLY_UPWARD = {("modes.py", "config.py"): "a mode's hooks are typed with the Config they edit"}

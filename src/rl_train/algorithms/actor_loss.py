@@ -14,7 +14,8 @@ import torch
 from rl_train.algorithms.aggregation import aggregate_loss
 from rl_train.algorithms.config import PolicyLossConfig
 from rl_train.algorithms.kl import kl_penalty
-from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, masked_mean
+from rl_train.algorithms.policy_loss import POLICY_LOSSES
+from rl_train.algorithms.policy_loss_base import PolicyLossInputs, masked_mean
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[Batch, Batch], tuple[torch.Tensor, float, dict[str, float]]]

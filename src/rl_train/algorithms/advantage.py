@@ -1,82 +1,69 @@
 """Advantage estimators by name: the ``ADV_ESTIMATORS`` table, and what each one reads.
 
 Outcome (group-baseline) estimators live in ``advantage_outcome``, token-level ones in
-``advantage_token``; their inputs and helpers in ``advantage_base``. This module imports
-them and builds the tables; none imports it back, so any of them can be imported first.
-An estimator that reads more than rewards, masks and groups declares it here
-(``ESTIMATOR_NEEDS``): the step plan then runs the phase that writes that input, and a config
-that cannot feed its estimator fails at load. A user's own estimator registers with
-``ADV_ESTIMATORS.register(name)`` and ``declare_needs(fn, needs)``.
+``advantage_token``; their inputs and helpers in ``advantage_base``. The table names each
+by import path, so the config checks a name, and asks what its estimator reads, without
+importing torch; the estimator itself is imported when the advantage phase is built.
+An estimator that reads more than rewards, masks and groups says so in its entry
+(``EstimatorNeeds``): the step plan then runs the phase that writes that input, and a
+config that cannot feed its estimator fails at load.
 """
 
 from __future__ import annotations
 
-from rl_train.algorithms.advantage_base import (
-    AdvantageFn,
-    AdvantageInputs,
-    EstimatorNeeds,
-    broadcast_to_tokens,
-    group_indices,
-    outcome_advantage,
-    sequence_scores,
-    session_representatives,
-)
-from rl_train.algorithms.advantage_outcome import (
-    compute_gpg_advantage,
-    compute_grpo_advantage,
-    compute_grpo_passk_advantage,
-    compute_opo_advantage,
-    compute_reinforce_plus_plus_baseline_advantage,
-    compute_rloo_advantage,
-)
-from rl_train.algorithms.advantage_token import (
-    compute_gae_advantage,
-    compute_reinforce_plus_plus_advantage,
-    compute_remax_advantage,
-)
-from rl_train.registry import Registry
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "ADV_ESTIMATORS",
-    "AdvantageFn",
-    "AdvantageInputs",
-    "EstimatorNeeds",
-    "broadcast_to_tokens",
-    "compute_grpo_advantage",
-    "declare_needs",
-    "estimator_needs",
-    "group_indices",
-    "outcome_advantage",
-    "sequence_scores",
-    "session_representatives",
-]
+from rl_train.registry import Entry, Registry
 
-ADV_ESTIMATORS: Registry[AdvantageFn] = Registry.from_table(
+if TYPE_CHECKING:
+    from rl_train.algorithms.advantage_base import AdvantageFn  # noqa: F401 (the quoted base class below)
+
+
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an estimator reads beyond rewards, masks and groups.
+
+    The run's step plan and the config read this, so the phase that produces an input runs
+    exactly when the configured estimator reads it, and a config that cannot feed its
+    estimator fails at load instead of at the first advantage phase.
+    """
+
+    critic: bool = False
+    """``values`` from a critic: the values and critic_update phases run (R-3.1 steps 6 and 8)."""
+    greedy_baseline: bool = False
+    """``reward_baselines``: the reward of one greedy response per prompt (the greedy_baseline phase)."""
+
+
+@dataclass(frozen=True)
+class Estimator(Entry["AdvantageFn"]):
+    """An advantage estimator (its description: the function's docstring) and what it reads."""
+
+    needs: EstimatorNeeds = field(default_factory=EstimatorNeeds)
+
+
+_OUTCOME = "rl_train.algorithms.advantage_outcome:"
+_TOKEN = "rl_train.algorithms.advantage_token:"
+
+ADV_ESTIMATORS: Registry[Estimator] = Registry(
     "advantage estimator",
+    "algorithm.adv_estimator",
     {
-        "grpo": compute_grpo_advantage,
-        "grpo_passk": compute_grpo_passk_advantage,
-        "rloo": compute_rloo_advantage,
-        "opo": compute_opo_advantage,
-        "gpg": compute_gpg_advantage,
-        "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_advantage,
-        "gae": compute_gae_advantage,
-        "reinforce_plus_plus": compute_reinforce_plus_plus_advantage,
-        "remax": compute_remax_advantage,
+        "grpo": Estimator(_OUTCOME + "compute_grpo_advantage"),
+        "grpo_passk": Estimator(_OUTCOME + "compute_grpo_passk_advantage"),
+        "rloo": Estimator(_OUTCOME + "compute_rloo_advantage"),
+        "opo": Estimator(_OUTCOME + "compute_opo_advantage"),
+        "gpg": Estimator(_OUTCOME + "compute_gpg_advantage"),
+        "reinforce_plus_plus_baseline": Estimator(_OUTCOME + "compute_reinforce_plus_plus_baseline_advantage"),
+        # values from the critic (R-3.1 steps 6, 8)
+        "gae": Estimator(_TOKEN + "compute_gae_advantage", needs=EstimatorNeeds(critic=True)),
+        "reinforce_plus_plus": Estimator(_TOKEN + "compute_reinforce_plus_plus_advantage"),
+        # one greedy answer per prompt
+        "remax": Estimator(_TOKEN + "compute_remax_advantage", needs=EstimatorNeeds(greedy_baseline=True)),
     },
 )
 
-_NEEDS: dict[AdvantageFn, EstimatorNeeds] = {
-    compute_gae_advantage: EstimatorNeeds(critic=True),  # values from the critic (R-3.1 steps 6, 8)
-    compute_remax_advantage: EstimatorNeeds(greedy_baseline=True),  # one greedy answer per prompt
-}
-
-
-def declare_needs(fn: AdvantageFn, needs: EstimatorNeeds) -> None:
-    """Declare what a (user-registered) estimator reads beyond rewards, masks and groups."""
-    _NEEDS[fn] = needs
-
 
 def estimator_needs(name: str) -> EstimatorNeeds:
-    """The needs declared by the estimator registered as ``name`` (none declared: none)."""
-    return _NEEDS.get(ADV_ESTIMATORS.get(name), EstimatorNeeds())
+    """What the estimator registered as ``name`` reads beyond rewards, masks and groups."""
+    return ADV_ESTIMATORS[name].needs

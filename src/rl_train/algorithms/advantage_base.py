@@ -2,7 +2,7 @@
 
 Each estimator is ``fn(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> (advantages, returns)``,
 both ``[B, T]`` and zero outside the response mask. The ``ADV_ESTIMATORS`` table is in
-``advantage``, which imports every estimator module; none imports it back.
+``advantage``, which names every estimator by import path.
 
 Multi-output sessions (one agent session producing several trainable outputs): with
 ``session_ids`` set, only the last output of each session (in batch order) enters the group
@@ -40,21 +40,6 @@ class AdvantageInputs:
 
 
 AdvantageFn = Callable[[AdvantageInputs, AlgorithmConfig], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class EstimatorNeeds:
-    """What an estimator reads beyond rewards, masks and groups.
-
-    The run's step plan and the config read this, so the phase that produces an input runs
-    exactly when the configured estimator reads it, and a config that cannot feed its
-    estimator fails at load instead of at the first advantage phase.
-    """
-
-    critic: bool = False
-    """``values`` from a critic: the values and critic_update phases run (R-3.1 steps 6 and 8)."""
-    greedy_baseline: bool = False
-    """``reward_baselines``: the reward of one greedy response per prompt (the greedy_baseline phase)."""
 
 
 def group_indices(group_ids: Sequence[str]) -> list[list[int]]:

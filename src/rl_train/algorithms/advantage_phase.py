@@ -30,13 +30,8 @@ from typing import Any
 
 import torch
 
-from rl_train.algorithms.advantage import (
-    ADV_ESTIMATORS,
-    AdvantageFn,
-    AdvantageInputs,
-    EstimatorNeeds,
-    estimator_needs,
-)
+from rl_train.algorithms.advantage import ADV_ESTIMATORS, EstimatorNeeds, estimator_needs
+from rl_train.algorithms.advantage_base import AdvantageFn, AdvantageInputs
 from rl_train.algorithms.config import AlgorithmConfig
 from rl_train.algorithms.kl_controller import KLController, apply_kl_penalty_to_rewards, build_kl_controller
 from rl_train.algorithms.reward_placement import place_on_last_token

@@ -11,17 +11,23 @@ Modes (N = sequences with at least one response token, L_i = response tokens of 
 - seq-mean-token-sum: sum_i (sum_t l_it) / N
 - seq-mean-token-mean: sum_i (sum_t l_it / L_i) / N
 - seq-mean-token-sum-norm (Dr. GRPO): sum_i (sum_t l_it / L) / N with a constant L
+
+The aggregators use tensor methods only, so this module imports no torch: the config checks
+``loss_agg_mode`` against ``AGGREGATORS`` at load.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from rl_train.registry import Entry, Registry
 
-from rl_train.registry import Registry
+if TYPE_CHECKING:
+    import torch
 
-Aggregator = Callable[[torch.Tensor, torch.Tensor, float | None], tuple[torch.Tensor, float]]
+Aggregator = Callable[["torch.Tensor", "torch.Tensor", "float | None"], "tuple[torch.Tensor, float]"]
 
 
 def _num_seqs(mask: torch.Tensor) -> float:
@@ -53,11 +59,6 @@ def _seq_mean_token_mean(
     return per_seq.sum(), _num_seqs(mask)
 
 
-def needs_norm_length(aggregator: Aggregator) -> bool:
-    """Whether the mode divides by a constant length that the config must give (R-4.3)."""
-    return bool(getattr(aggregator, "needs_norm_length", False))
-
-
 def _seq_mean_token_sum_norm(
     loss: torch.Tensor, mask: torch.Tensor, norm_length: float | None
 ) -> tuple[torch.Tensor, float]:
@@ -67,38 +68,32 @@ def _seq_mean_token_sum_norm(
     return (loss * mask).sum() / length, _num_seqs(mask)
 
 
-_seq_mean_token_sum_norm.needs_norm_length = True  # type: ignore[attr-defined]
+@dataclass(frozen=True)
+class Aggregation(Entry[Aggregator]):
+    """A loss aggregation mode, with its formula as its description."""
+
+    needs_norm_length: bool = False
+    """It divides by a constant length that the config must give (R-4.3)."""
 
 
-AGGREGATORS: Registry[Aggregator] = Registry.from_table(
-    "loss_agg_mode",
+AGGREGATORS: Registry[Aggregation] = Registry(
+    "loss aggregation mode",
+    "actor.loss_agg_mode, critic.loss_agg_mode",
     {
-        "token-mean": _token_mean,
-        "token-sum": _token_sum,
-        "seq-mean-token-sum": _seq_mean_token_sum,
-        "seq-mean-token-mean": _seq_mean_token_mean,
-        "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+        "token-mean": Aggregation(_token_mean, "sum_it l_it / sum_i L_i"),
+        "token-sum": Aggregation(_token_sum, "sum_it l_it"),
+        "seq-mean-token-sum": Aggregation(_seq_mean_token_sum, "sum_i (sum_t l_it) / N"),
+        "seq-mean-token-mean": Aggregation(_seq_mean_token_mean, "sum_i (sum_t l_it / L_i) / N"),
+        "seq-mean-token-sum-norm": Aggregation(
+            _seq_mean_token_sum_norm, "sum_i (sum_t l_it / L) / N with a constant L (Dr. GRPO)", needs_norm_length=True
+        ),
     },
 )
-LOSS_AGG_MODES = tuple(AGGREGATORS.names())
 
 
 def aggregate_loss(
     per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: float | None = None
 ) -> tuple[torch.Tensor, float]:
     """Return (numerator, denominator) of the mode's mean; see the module docstring."""
-    try:
-        aggregator = AGGREGATORS.get(mode)
-    except KeyError as err:
-        raise ValueError(str(err)) from None
-    return aggregator(per_token_loss, mask.to(per_token_loss.dtype), norm_length)
+    return AGGREGATORS.get(mode)(per_token_loss, mask.to(per_token_loss.dtype), norm_length)
 
-
-def norm_length_error(mode: str, norm_length: float | None) -> str | None:
-    """Why ``mode`` cannot run without a constant length (None when it can), for config checks."""
-    if mode in AGGREGATORS and needs_norm_length(AGGREGATORS.get(mode)) and norm_length is None:
-        return (
-            f"loss_agg_mode {mode} needs loss_agg_norm_length (a constant, e.g. the max "
-            "response length); the padded length would make the loss depend on the micro-batch split"
-        )
-    return None

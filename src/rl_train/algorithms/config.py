@@ -4,21 +4,29 @@
 that live flat under ``actor.*`` (the actor config inherits it), as users of other
 frameworks expect (``actor.policy_loss``, ``actor.loss_agg_mode``...). ``ValueLossConfig`` is the
 same for ``critic.*``. Registered names are checked at load time against their registries, so a
-typo fails with the list of available names instead of at the first training step.
+typo fails with the list of available names instead of at the first training step. The
+registries' tables import no torch (they name heavy implementations by import path), so
+checking a name costs nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rl_train.algorithms.thresholds import parse_is_threshold, parse_rs_rules
+from rl_train.algorithms.advantage import ADV_ESTIMATORS
+from rl_train.algorithms.aggregation import AGGREGATORS
+from rl_train.algorithms.kl import KL_ESTIMATORS
+from rl_train.algorithms.policy_loss import POLICY_LOSSES
+from rl_train.algorithms.thresholds import parse_is_threshold, parse_rs_options, parse_rs_rules
+from rl_train.registry import Registry
 
-LossAggMode = Literal[
-    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-]
-KlEstimator = Literal["k1", "k2", "k3", "low_var_kl", "abs", "mse"]
+LossAggMode = Annotated[str, AfterValidator(AGGREGATORS.check)]
+"""A registered loss aggregation mode (``rl_train.algorithms.aggregation.AGGREGATORS``)."""
+KlEstimator = Annotated[str, AfterValidator(KL_ESTIMATORS.check)]
+"""A registered KL estimator (``rl_train.algorithms.kl.KL_ESTIMATORS``)."""
 
 
 class StrictModel(BaseModel):
@@ -27,73 +35,25 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
 
-BUILTIN_NAMES: dict[tuple[str, str], frozenset[str]] = {
-    ("rl_train.algorithms.policy_loss", "POLICY_LOSSES"): frozenset(
-        {"cispo", "clip_cov", "dppo_kl", "dppo_tv", "geo_mean", "gpg", "gspo", "kl_cov", "sapo", "vanilla"}
-    ),
-    ("rl_train.algorithms.advantage", "ADV_ESTIMATORS"): frozenset(
-        {"gae", "gpg", "grpo", "grpo_passk", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo"}
-    ),
-}
-"""What the built-in registries hold, known without importing them (they import torch, about
-1.2 s that config validation need not pay); a test holds each set to its registry. A name
-outside them is looked up in the registry itself, so registered extensions still validate."""
-
-
-BUILTIN_CRITIC_ESTIMATORS = frozenset({"gae"})
-"""The built-in advantage estimators that read critic values (the others read none); a test
-holds this to what each declares in its registry."""
-
-
-BUILTIN_GREEDY_BASELINE_ESTIMATORS = frozenset({"remax"})
-"""The built-in advantage estimators that read a greedy baseline reward per prompt."""
-
-
 def estimator_reads_critic(name: str) -> bool:
-    """Whether the estimator ``name`` reads critic values, without importing the built-ins."""
-    if name in BUILTIN_NAMES[("rl_train.algorithms.advantage", "ADV_ESTIMATORS")]:
-        return name in BUILTIN_CRITIC_ESTIMATORS
-    from rl_train.algorithms.advantage import estimator_needs
-
-    return estimator_needs(name).critic
+    """Whether the estimator ``name`` reads critic values (its ``ADV_ESTIMATORS`` entry says)."""
+    return ADV_ESTIMATORS[name].needs.critic
 
 
 def estimator_reads_greedy_baseline(name: str) -> bool:
-    """Whether the estimator ``name`` reads a greedy baseline, without importing the built-ins
-    (the driver's step plan asks; the estimators and torch load in the queue actor only)."""
-    if name in BUILTIN_NAMES[("rl_train.algorithms.advantage", "ADV_ESTIMATORS")]:
-        return name in BUILTIN_GREEDY_BASELINE_ESTIMATORS
-    from rl_train.algorithms.advantage import estimator_needs
-
-    return estimator_needs(name).greedy_baseline
-
-
-NO_NORM_LENGTH_MODES = frozenset({"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"})
-"""Aggregation modes that need no constant length, known without importing the aggregators."""
+    """Whether the estimator ``name`` reads a greedy baseline (the driver's step plan asks;
+    the estimators and torch load in the queue actor only)."""
+    return ADV_ESTIMATORS[name].needs.greedy_baseline
 
 
 def norm_length_problem(mode: str, norm_length: float | None) -> str | None:
     """Why ``mode`` cannot run without ``loss_agg_norm_length`` (None when it can)."""
-    if norm_length is not None or mode in NO_NORM_LENGTH_MODES:
-        return None
-    from rl_train.algorithms.aggregation import norm_length_error
-
-    return norm_length_error(mode, norm_length)
-
-
-def _check_registered(module: str, registry: str, name: str) -> str:
-    """Fail with the registry's own message (it lists the names) when ``name`` is unknown."""
-    import importlib
-
-    if name in BUILTIN_NAMES.get((module, registry), ()):
-        return name
-    table = getattr(importlib.import_module(module), registry)
-    if name not in table:
-        try:
-            table.get(name)
-        except KeyError as err:  # UnknownNameError; pydantic wants a ValueError
-            raise ValueError(str(err)) from None
-    return name
+    if norm_length is None and mode in AGGREGATORS and AGGREGATORS[mode].needs_norm_length:
+        return (
+            f"loss_agg_mode {mode} needs loss_agg_norm_length (a constant, e.g. the max "
+            "response length); the padded length would make the loss depend on the micro-batch split"
+        )
+    return None
 
 
 class KLControlConfig(StrictModel):
@@ -101,35 +61,76 @@ class KLControlConfig(StrictModel):
 
     type: Literal["fixed", "adaptive"] = "fixed"
     """fixed: constant kl_coef; adaptive: proportional controller towards target_kl (Ziegler et al.)."""
-    kl_coef: float = Field(0.001, ge=0.0)
+    kl_coef: float = Field(default=0.001, ge=0.0)
     """Initial (fixed: constant) coefficient beta of the KL penalty subtracted from the reward."""
-    target_kl: float = Field(0.1, gt=0.0)
+    target_kl: float = Field(default=0.1, gt=0.0)
     """Adaptive: the KL per sequence the controller steers towards."""
-    horizon: int = Field(10000, gt=0)
+    horizon: int = Field(default=10000, gt=0)
     """Adaptive: samples over which a 20% KL error changes beta by 20%."""
 
 
-ROLLOUT_CORRECTION_PRESETS: dict[str, dict[str, Any]] = {
-    "token_is": {"rollout_is": "token", "rollout_is_threshold": "2.0"},
-    "seq_is": {"rollout_is": "sequence", "rollout_is_threshold": "2.0"},
-    "token_icepop": {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
-    "k3_rs": {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.01"},
-    "token_k1_seq_mean_k3_rs": {"rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "5.0,0.01"},
-    "token_is_k3_rs": {
-        "rollout_is": "token",
-        "rollout_is_threshold": "2.0",
-        "rollout_rs": "seq_mean_k3",
-        "rollout_rs_threshold": "0.01",
+@dataclass(frozen=True)
+class Preset:
+    """Ready-made rollout-correction settings; explicit fields override the preset's."""
+
+    settings: dict[str, Any]
+    summary: str
+
+    @property
+    def description(self) -> str:
+        """The summary and the settings it stands for."""
+        return f"{self.summary} ({', '.join(f'{key}={value}' for key, value in self.settings.items())})"
+
+
+ROLLOUT_CORRECTION_PRESETS: Registry[Preset] = Registry(
+    "rollout-correction preset",
+    "algorithm.rollout_correction.preset",
+    {
+        "token_is": Preset(
+            {"rollout_is": "token", "rollout_is_threshold": "2.0"},
+            "token-level IS, weights truncated above 2 (TIS)",
+        ),
+        "seq_is": Preset(
+            {"rollout_is": "sequence", "rollout_is_threshold": "2.0"},
+            "sequence-level IS (ratio of the whole response), truncated above 2",
+        ),
+        "token_icepop": Preset(
+            {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
+            "token-level IcePop: weights outside [0.5, 5] set to 0",
+        ),
+        "k3_rs": Preset(
+            {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.01"},
+            "reject sequences whose token-mean k3 divergence exceeds 0.01",
+        ),
+        "token_k1_seq_mean_k3_rs": Preset(
+            {"rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "5.0,0.01"},
+            "reject tokens with ratio outside [1/5, 5] and sequences with token-mean k3 > 0.01",
+        ),
+        "token_is_k3_rs": Preset(
+            {
+                "rollout_is": "token",
+                "rollout_is_threshold": "2.0",
+                "rollout_rs": "seq_mean_k3",
+                "rollout_rs_threshold": "0.01",
+            },
+            "`token_is` plus `k3_rs`",
+        ),
+        "bypass": Preset(
+            {"bypass_mode": True},
+            "old_log_prob := rollout log-probs (no recomputation); IS/RS metrics become trivial",
+        ),
     },
-    "bypass": {"bypass_mode": True},
-}
-"""Ready-made rollout-correction settings; explicit fields override the preset's."""
+)
+
+
+def _known_preset(name: str | None) -> str | None:
+    return None if name is None else ROLLOUT_CORRECTION_PRESETS.check(name)
 
 
 class RolloutCorrectionConfig(StrictModel):
     """``algorithm.rollout_correction``: IS / RS against the rollout engine's log-probs (R-7.4, R-7.5)."""
 
-    preset: str | None = None
+    preset: Annotated[str | None, AfterValidator(_known_preset)] = None
     """Name from ROLLOUT_CORRECTION_PRESETS filling the fields below (explicit fields win)."""
     rollout_is: Literal["token", "sequence"] | None = None
     """Importance-sampling level: token, sequence (ratio of the whole response), or null (off)."""
@@ -151,14 +152,10 @@ class RolloutCorrectionConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("preset") is None:
-            return data
-        name = data["preset"]
-        if name not in ROLLOUT_CORRECTION_PRESETS:
-            raise ValueError(
-                f"unknown rollout-correction preset {name!r}; available: {', '.join(ROLLOUT_CORRECTION_PRESETS)}"
-            )
-        return {**ROLLOUT_CORRECTION_PRESETS[name], **data}
+        name = data.get("preset") if isinstance(data, dict) else None
+        if not isinstance(name, str) or name not in ROLLOUT_CORRECTION_PRESETS:
+            return data  # an unknown name fails on the field, under its dotted path
+        return {**ROLLOUT_CORRECTION_PRESETS[name].settings, **data}
 
     @field_validator("rollout_is_threshold", "rollout_rs_threshold", mode="before")
     @classmethod
@@ -171,6 +168,13 @@ class RolloutCorrectionConfig(StrictModel):
         parse_is_threshold(value)
         return value
 
+    @field_validator("rollout_rs")
+    @classmethod
+    def _check_rs_options(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_rs_options(value)  # unknown names fail here, under this field's dotted path
+        return value
+
     @model_validator(mode="after")
     def _check_rs(self) -> RolloutCorrectionConfig:
         if self.rollout_rs is not None:
@@ -179,7 +183,7 @@ class RolloutCorrectionConfig(StrictModel):
 
 
 class AlgorithmConfig(StrictModel):
-    adv_estimator: str = "grpo"
+    adv_estimator: Annotated[str, AfterValidator(ADV_ESTIMATORS.check)] = "grpo"
     """Registered advantage estimator (rl_train.algorithms.advantage.ADV_ESTIMATORS)."""
     norm_adv_by_std_in_grpo: bool = True
     """grpo, grpo_passk: divide the group-centred reward by the group's (unbiased) std (gpg never does)."""
@@ -203,19 +207,15 @@ class AlgorithmConfig(StrictModel):
     (the reported reward stays the task's): in a group with no right answer it still tells a
     run-on from a finished wrong answer, where the bare scores are all equal and teach nothing."""
 
-    @field_validator("adv_estimator")
-    @classmethod
-    def _known_estimator(cls, name: str) -> str:
-        return _check_registered("rl_train.algorithms.advantage", "ADV_ESTIMATORS", name)
 
 
-PER_MICRO_BATCH_LOSSES = ("clip_cov", "kl_cov")
+PER_MICRO_BATCH_LOSSES = frozenset(name for name in POLICY_LOSSES if POLICY_LOSSES[name].per_micro_batch)
 """Policy losses whose statistics are taken per micro-batch (``policy_loss_cov``): which rows
-share a micro-batch changes what they train."""
+share a micro-batch changes what they train (from their ``POLICY_LOSSES`` entries)."""
 
 
 class PolicyLossConfig(StrictModel):
-    policy_loss: str = "vanilla"
+    policy_loss: Annotated[str, AfterValidator(POLICY_LOSSES.check)] = "vanilla"
     """Registered policy loss (rl_train.algorithms.policy_loss.POLICY_LOSSES)."""
     clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0)
     """PPO clip: lower bound of the ratio is 1 - clip_ratio_low."""
@@ -265,11 +265,6 @@ class PolicyLossConfig(StrictModel):
     """dppo_tv: trust-region radius on |pi(y) - pi_old(y)| of the sampled token."""
     dppo_kl_threshold: float = Field(0.05, gt=0.0)
     """dppo_kl: trust-region radius on the binary KL(pi_old(y) || pi(y)) of the sampled token."""
-
-    @field_validator("policy_loss")
-    @classmethod
-    def _known_loss(cls, name: str) -> str:
-        return _check_registered("rl_train.algorithms.policy_loss", "POLICY_LOSSES", name)
 
     @model_validator(mode="after")
     def _norm_length_given(self) -> PolicyLossConfig:

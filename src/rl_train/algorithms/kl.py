@@ -4,45 +4,38 @@ With log_ratio = log_prob - ref_log_prob (raw: only k3 exponentiates, and bounds
 k1 = log_ratio; abs = |log_ratio|; k2 = mse = 0.5 * log_ratio^2;
 k3 (low_var_kl, Schulman's unbiased low-variance estimator) = exp(-log_ratio) - 1 + log_ratio,
 clamped to [-10, 10] because a single outlier token otherwise dominates the batch.
+The estimators live in ``kl_estimators``; the table names them by import path, so the config
+checks ``actor.kl_penalty`` and ``algorithm.kl_penalty`` without importing torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
+from rl_train.registry import Entry, Registry
 
-from rl_train.algorithms.log_ratio import bounded_exp
-from rl_train.registry import Registry
+if TYPE_CHECKING:
+    import torch
 
-K3_BOUND = 10.0
+KlFn = Callable[["torch.Tensor"], "torch.Tensor"]
 
-KlFn = Callable[[torch.Tensor], torch.Tensor]
-def _k1(log_ratio: torch.Tensor) -> torch.Tensor:
-    return log_ratio
+_HOME = "rl_train.algorithms.kl_estimators:"
 
-
-def _abs(log_ratio: torch.Tensor) -> torch.Tensor:
-    return log_ratio.abs()
-
-
-def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
-    return 0.5 * log_ratio.square()
-
-
-def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    return (bounded_exp(-log_ratio) - 1 + log_ratio).clamp(-K3_BOUND, K3_BOUND)
-
-
-KL_ESTIMATORS: Registry[KlFn] = Registry.from_table(
-    "KL estimator", {"k1": _k1, "abs": _abs, "k2": _k2, "mse": _k2, "k3": _k3, "low_var_kl": _k3}
+KL_ESTIMATORS: Registry[Entry[KlFn]] = Registry(
+    "KL estimator",
+    "actor.kl_penalty, algorithm.kl_penalty",
+    {
+        "k1": Entry(_HOME + "k1"),
+        "abs": Entry(_HOME + "abs_kl"),
+        "k2": Entry(_HOME + "k2"),
+        "mse": Entry(_HOME + "k2", "alias of k2."),
+        "k3": Entry(_HOME + "k3"),
+        "low_var_kl": Entry(_HOME + "k3", "alias of k3."),
+    },
 )
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL estimate ``[B, T]`` of the policy from the reference."""
-    try:
-        estimator = KL_ESTIMATORS.get(kind)
-    except KeyError as err:
-        raise ValueError(str(err)) from None
-    return estimator(log_prob - ref_log_prob)
+    """Per-token KL estimate ``[B, T]`` of the policy from the reference (``kind``: a registered name)."""
+    return KL_ESTIMATORS.get(kind)(log_prob - ref_log_prob)

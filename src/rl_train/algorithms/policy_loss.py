@@ -6,43 +6,48 @@ with ``per_token_loss`` ``[B, T]`` (aggregated later by ``aggregation.aggregate_
 per-token loss by the (detached) rollout IS weights when they are given. The losses live in
 ``policy_loss_clip`` (PPO clip, GPG), ``policy_loss_ratio`` (ratio-based variants),
 ``policy_loss_cov`` (covariance-based) and ``policy_loss_dppo`` (divergence trust regions);
-their inputs and shared helpers in ``policy_loss_base``. None imports this module back.
+their inputs and shared helpers in ``policy_loss_base``. The table names each by import path,
+so the config checks a name without importing torch.
 """
 
 from __future__ import annotations
 
-from rl_train.algorithms.policy_loss_base import (
-    PolicyLossFn,
-    PolicyLossInputs,
-    log_ratio_of,
-    masked_mean,
-    with_is_weights,
-)
-from rl_train.algorithms.policy_loss_clip import compute_gpg_loss, compute_ppo_clip_loss
-from rl_train.algorithms.policy_loss_cov import compute_clip_cov_loss, compute_kl_cov_loss
-from rl_train.algorithms.policy_loss_dppo import compute_dppo_kl_loss, compute_dppo_tv_loss
-from rl_train.algorithms.policy_loss_ratio import (
-    compute_cispo_loss,
-    compute_geo_mean_loss,
-    compute_gspo_loss,
-    compute_sapo_loss,
-)
-from rl_train.registry import Registry
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["POLICY_LOSSES", "PolicyLossFn", "PolicyLossInputs", "log_ratio_of", "masked_mean", "with_is_weights"]
+from rl_train.registry import Entry, Registry
 
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry.from_table(
+if TYPE_CHECKING:
+    from rl_train.algorithms.policy_loss_base import PolicyLossFn  # noqa: F401 (the quoted base class below)
+
+
+@dataclass(frozen=True)
+class PolicyLoss(Entry["PolicyLossFn"]):
+    """A policy loss (its description: the function's docstring)."""
+
+    per_micro_batch: bool = False
+    """Its statistics are taken per micro-batch: which rows share one changes what it trains
+    (``actor.sort_by_length`` is refused beside it)."""
+
+
+_CLIP = "rl_train.algorithms.policy_loss_clip:"
+_RATIO = "rl_train.algorithms.policy_loss_ratio:"
+_COV = "rl_train.algorithms.policy_loss_cov:"
+_DPPO = "rl_train.algorithms.policy_loss_dppo:"
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry(
     "policy loss",
+    "actor.policy_loss",
     {
-        "vanilla": compute_ppo_clip_loss,
-        "gpg": compute_gpg_loss,
-        "gspo": compute_gspo_loss,
-        "geo_mean": compute_geo_mean_loss,
-        "sapo": compute_sapo_loss,
-        "cispo": compute_cispo_loss,
-        "clip_cov": compute_clip_cov_loss,
-        "kl_cov": compute_kl_cov_loss,
-        "dppo_tv": compute_dppo_tv_loss,
-        "dppo_kl": compute_dppo_kl_loss,
+        "vanilla": PolicyLoss(_CLIP + "compute_ppo_clip_loss"),
+        "gpg": PolicyLoss(_CLIP + "compute_gpg_loss"),
+        "gspo": PolicyLoss(_RATIO + "compute_gspo_loss"),
+        "geo_mean": PolicyLoss(_RATIO + "compute_geo_mean_loss"),
+        "sapo": PolicyLoss(_RATIO + "compute_sapo_loss"),
+        "cispo": PolicyLoss(_RATIO + "compute_cispo_loss"),
+        "clip_cov": PolicyLoss(_COV + "compute_clip_cov_loss", per_micro_batch=True),
+        "kl_cov": PolicyLoss(_COV + "compute_kl_cov_loss", per_micro_batch=True),
+        "dppo_tv": PolicyLoss(_DPPO + "compute_dppo_tv_loss"),
+        "dppo_kl": PolicyLoss(_DPPO + "compute_dppo_kl_loss"),
     },
 )

@@ -20,10 +20,39 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-RS_LEVELS = ("token", "seq_sum", "seq_mean", "seq_max")
-RS_OPTIONS = tuple(
-    f"{level}_k{k}" for level in RS_LEVELS for k in (1, 2, 3) if not (level == "seq_max" and k == 1)
+from rl_train.registry import Registry
+
+
+@dataclass(frozen=True)
+class RsOption:
+    """A rejection-sampling option ``<level>_<estimator>``: a statistic and how it is reduced."""
+
+    description: str
+
+
+RS_OPTIONS: Registry[RsOption] = Registry(
+    "rejection-sampling option",
+    "algorithm.rollout_correction.rollout_rs",
+    {
+        "token_k1": RsOption("reject a token when its ratio pi_rollout / pi_old = exp(-log_ratio) is outside [lo, hi]"),
+        "token_k2": RsOption("reject a token when its k2 is outside [lo, hi]"),
+        "token_k3": RsOption("reject a token when its k3 is outside [lo, hi]"),
+        "seq_sum_k1": RsOption(
+            "reject a whole sequence when the sequence ratio exp(-sum_t log_ratio) is outside [lo, hi]"
+        ),
+        "seq_sum_k2": RsOption("reject a whole sequence when sum_t k2 is outside [lo, hi]"),
+        "seq_sum_k3": RsOption("reject a whole sequence when sum_t k3 is outside [lo, hi]"),
+        "seq_mean_k1": RsOption(
+            "reject a whole sequence when the geometric-mean ratio exp(-mean_t log_ratio) is outside [lo, hi]"
+        ),
+        "seq_mean_k2": RsOption("reject a whole sequence when mean_t k2 is outside [lo, hi]"),
+        "seq_mean_k3": RsOption("reject a whole sequence when mean_t k3 is outside [lo, hi]"),
+        "seq_max_k2": RsOption("reject a whole sequence when max_t k2 is outside [lo, hi]"),
+        "seq_max_k3": RsOption("reject a whole sequence when max_t k3 is outside [lo, hi]"),
+    },
 )
+"""k2 = 0.5 * log_ratio^2 and k3 = exp(log_ratio) - 1 - log_ratio per token (``rejection``); a
+single threshold u means [1/u, u] for k1 and [0, u] for k2/k3."""
 BOUND_FORMAT = 'a number like "2.0" or a "lower_upper" pair like "0.5_2.0"'
 
 
@@ -81,15 +110,14 @@ def parse_is_threshold(spec: str | float) -> Bounds:
 
 
 def parse_rs_options(spec: str) -> list[tuple[str, str]]:
-    """``"token_k1,seq_mean_k3"`` -> [("token", "k1"), ("seq_mean", "k3")]."""
+    """``"token_k1,seq_mean_k3"`` -> [("token", "k1"), ("seq_mean", "k3")]; an unknown name
+    lists the ``RS_OPTIONS``."""
     names = [name.strip() for name in spec.split(",") if name.strip()]
     if not names:
-        raise ValueError(f"rollout_rs: empty option list; expected comma-separated names from {RS_OPTIONS}")
+        raise ValueError(f"empty option list; expected comma-separated names from {', '.join(RS_OPTIONS)}")
     out = []
     for name in names:
-        if name not in RS_OPTIONS:
-            raise ValueError(f"rollout_rs: unknown option {name!r}; available: {', '.join(RS_OPTIONS)}")
-        level, estimator = name.rsplit("_", 1)
+        level, estimator = RS_OPTIONS.check(name).rsplit("_", 1)
         out.append((level, estimator))
     return out
 

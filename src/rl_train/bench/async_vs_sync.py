@@ -62,9 +62,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from rl_train.config import Config, load_config  # noqa: E402
 from rl_train.flows.registry import get_trainer_class  # noqa: E402
+from rl_train.modes import MODES as MODE_TABLE  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
-MODES = ("sync", "colocate_async", "separate_async")
+MODES = tuple(MODE_TABLE)
+"""Every trainer mode, in the table's order (sync first: the others' ratios are to it)."""
 NORMAL_P99 = 2.326
 """The standard normal's 99th percentile: a lognormal's p99 / p50 is exp(2.326 sigma)."""
 

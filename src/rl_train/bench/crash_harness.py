@@ -35,9 +35,11 @@ from rl_train.bench.crash_audit import AuditResult, audit_run, compare_final_wei
 from rl_train.bench.crash_life import Life, LifeRunner
 from rl_train.bench.crash_sweep import remove_shm, shm_files
 from rl_train.bench.crash_trigger import KINDS, Estimates, KillTrigger
+from rl_train.modes import MODES as MODE_TABLE
 from rl_train.storage.checkpoint import CheckpointStore, parse_step_dir
 
-MODES = ("sync", "colocate_async", "separate_async")
+MODES = tuple(MODE_TABLE)
+"""Every trainer mode, in the table's order."""
 MIN_AIMED_HITS = 1
 """Proven kills each mode needs inside a checkpoint write and inside a weight sync."""
 EXTRA_AIMED_KILLS = 6

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from rl_train.engines.weight_sync.base import build_weight_sync_backend
+from rl_train.engines.weight_sync.backends import build_weight_sync_backend
 from rl_train.engines.weight_sync.boundaries import run_receiver, run_sender, write_entries
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.engines.weight_sync.transports import TRANSPORTS, check_transport_available

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from rl_train import tasks
 from rl_train.flows.async_hooks import AsyncTrainerHooks
-from rl_train.flows.registry import register_trainer
 from rl_train.flows.step import PhaseRunner
 
 
-@register_trainer("colocate_async")
 class ColocateAsyncTrainer(AsyncTrainerHooks):
     def on_sample_begin(self, step: int, local_update: int) -> None:
         if local_update:  # later local updates of a global step sample with the same weights

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 from rl_train import tasks
 from rl_train.flows.async_hooks import AsyncTrainerHooks
-from rl_train.flows.registry import register_trainer
 from rl_train.flows.step import PhaseRunner
 
 
-@register_trainer("separate_async")
 class SeparateAsyncTrainer(AsyncTrainerHooks):
     def on_train_begin(self) -> None:
         super().on_train_begin()

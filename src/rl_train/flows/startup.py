@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rl_train import startup_clock
-from rl_train.flows.registry import BUILTIN_TRAINER_MODULES
+from rl_train.flows.registry import trainer_modules
 
-HEAVY_MODULES = ("rl_train.flows.train", *BUILTIN_TRAINER_MODULES)
-"""What a training run imports anyway: the trainer modes (which register themselves), the
+HEAVY_MODULES = ("rl_train.flows.train", *trainer_modules())
+"""What a training run imports anyway: the trainer modes' classes (``rl_train.modes``), the
 pools, every worker class and torch with them (about 1.2 s on the main thread after Ray
 came up, when the modes were imported at the first lookup of one)."""
 

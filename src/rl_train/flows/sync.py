@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from rl_train import tasks
 from rl_train.flows.base import BaseTrainer
-from rl_train.flows.registry import register_trainer
 from rl_train.flows.step import PhaseRunner
 
 
-@register_trainer("sync")
 class SyncTrainer(BaseTrainer):
     def on_sample_begin(self, step: int, local_update: int) -> None:
         if local_update:  # parameter_sync_step > 1: the next local update samples with the same weights

@@ -19,10 +19,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rl_train.registry import Registry
+from rl_train.registry import Entry, Registry
 
 Row = dict[str, str]
-BUILTIN_TASKS: Registry[Callable[..., tuple[list[Row], list[Row]]]] = Registry("built-in task")
 
 
 def _row(a: int, b: int, source: str) -> Row:
@@ -32,18 +31,18 @@ def _row(a: int, b: int, source: str) -> Row:
 TOOL_SUM_SOURCE = "arith/tool_sum"
 
 
-@BUILTIN_TASKS.register("single_digit_sum")
 def single_digit_sum(num_train: int = 2000, seed: int = 0) -> tuple[list[Row], list[Row]]:
+    """Sums of two digits ("3+4=" -> "7"); val is each of the 100 once: has the table been learned?"""
     rng = random.Random(seed)
     train = [_row(rng.randint(0, 9), rng.randint(0, 9), "arith/single_digit_sum") for _ in range(num_train)]
     val = [_row(a, b, "arith/single_digit_sum") for a in range(10) for b in range(10)]
     return train, val
 
 
-@BUILTIN_TASKS.register("multi_digit_sum")
 def multi_digit_sum(
     num_train: int = 4000, num_val: int = 200, digits: int = 2, seed: int = 0
 ) -> tuple[list[Row], list[Row]]:
+    """Sums of numbers of 1..``digits`` digits ("37+85=" -> "122"); val problems are apart from train ones."""
     rng = random.Random(seed)
     high = 10**digits - 1
     val_pairs: set[tuple[int, int]] = set()
@@ -57,8 +56,8 @@ def multi_digit_sum(
     return train, [_row(a, b, "arith/multi_digit_sum") for a, b in sorted(val_pairs)]
 
 
-@BUILTIN_TASKS.register("tool_sum")
 def tool_sum(num_train: int = 4000, num_val: int = 200, seed: int = 0) -> tuple[list[Row], list[Row]]:
+    """Sums of three-digit numbers ("345+678=" -> "1023"), each row answered by the tool_agent loop."""
     rng = random.Random(seed)
     pairs: list[tuple[int, int]] = []
     seen: set[tuple[int, int]] = set()
@@ -69,6 +68,17 @@ def tool_sum(num_train: int = 4000, num_val: int = 200, seed: int = 0) -> tuple[
             pairs.append(pair)
     rows = [{**_row(a, b, TOOL_SUM_SOURCE), "agent_name": "tool_agent"} for a, b in pairs]
     return rows[:num_train], rows[num_train:]
+
+
+BUILTIN_TASKS: Registry[Entry[Callable[..., tuple[list[Row], list[Row]]]]] = Registry(
+    "built-in task",
+    "data.builtin_task",
+    {
+        "single_digit_sum": Entry(single_digit_sum),
+        "multi_digit_sum": Entry(multi_digit_sum),
+        "tool_sum": Entry(tool_sum),
+    },
+)
 
 
 def write_builtin_task(name: str, out_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:

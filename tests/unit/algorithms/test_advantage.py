@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl_train.algorithms.advantage import ADV_ESTIMATORS, AdvantageInputs
+from rl_train.algorithms.advantage import ADV_ESTIMATORS
+from rl_train.algorithms.advantage_base import AdvantageInputs
 from rl_train.algorithms.config import AlgorithmConfig
 
 Builder = Callable[..., tuple[torch.Tensor, torch.Tensor]]

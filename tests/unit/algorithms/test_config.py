@@ -20,16 +20,20 @@ from rl_train.algorithms.config import AlgorithmConfig, PolicyLossConfig, Rollou
         ({"rollout_correction": {"rollout_is_threshold": -1}}, "must be > 0"),
         (
             {"rollout_correction": {"rollout_rs": "token_k4", "rollout_rs_threshold": 2}},
-            "available: token_k1",
+            "rollout_rs\n.*unknown rejection-sampling option 'token_k4'; available: seq_max_k2, seq_max_k3",
         ),
-        ({"rollout_correction": {"rollout_rs": "seq_max_k1", "rollout_rs_threshold": 2}}, "unknown option"),
+        (
+            {"rollout_correction": {"rollout_rs": "seq_max_k1", "rollout_rs_threshold": 2}},
+            "unknown rejection-sampling option 'seq_max_k1'",
+        ),
+        ({"rollout_correction": {"rollout_rs": " , "}}, "empty option list"),
         ({"rollout_correction": {"rollout_rs": "token_k1"}}, "rollout_rs_threshold is required"),
         ({"rollout_correction": {"rollout_rs": "token_k1", "rollout_rs_threshold": 0.9}}, "needs u > 1"),
         (
             {"rollout_correction": {"rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "2,3,4"}},
             "one per",
         ),
-        ({"rollout_correction": {"preset": "nope"}}, "available: token_is"),
+        ({"rollout_correction": {"preset": "nope"}}, "unknown rollout-correction preset 'nope'; available: bypass, k3_rs"),
         ({"rollout_correction": {"rollout_iss": "token"}}, "Extra inputs"),
     ],
 )

@@ -11,11 +11,13 @@ import random
 import pytest
 import torch
 
-from rl_train.algorithms.advantage import ADV_ESTIMATORS, AdvantageInputs
+from rl_train.algorithms.advantage import ADV_ESTIMATORS
+from rl_train.algorithms.advantage_base import AdvantageInputs
 from rl_train.algorithms.aggregation import aggregate_loss
 from rl_train.algorithms.config import AlgorithmConfig, PolicyLossConfig, RolloutCorrectionConfig
 from rl_train.algorithms.kl import kl_penalty
-from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs
+from rl_train.algorithms.policy_loss import POLICY_LOSSES
+from rl_train.algorithms.policy_loss_base import PolicyLossInputs
 from rl_train.algorithms.rollout_correction import compute_rollout_correction
 
 B, T = 6, 9

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rl_train.algorithms.config import PolicyLossConfig
-from rl_train.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs
+from rl_train.algorithms.policy_loss import POLICY_LOSSES
+from rl_train.algorithms.policy_loss_base import PolicyLossInputs
 
 EXPECTED_NAMES = {
     "vanilla",

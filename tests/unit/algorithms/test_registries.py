@@ -2,8 +2,8 @@
 
 Before, each implementation module imported its registry to register itself and the registry
 module imported the implementations back at its bottom; importing ``advantage_outcome``
-first then failed on the cycle. Now one module per registry imports the implementations and
-builds the table (``Registry.from_table``); nothing imports a registry back.
+first then failed on the cycle. Now one module per registry holds the table, naming each
+implementation by import path; no implementation module imports a registry.
 """
 
 from __future__ import annotations

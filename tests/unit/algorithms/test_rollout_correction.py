@@ -189,7 +189,7 @@ def test_missing_rollout_log_probs_fail_clearly() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    options=st.lists(st.sampled_from(RS_OPTIONS), min_size=1, max_size=3, unique=True),
+    options=st.lists(st.sampled_from(RS_OPTIONS.names()), min_size=1, max_size=3, unique=True),
     threshold=st.floats(1.01, 5.0),
     seed=st.integers(0, 2**16),
 )

@@ -16,7 +16,8 @@ from weight_sync_helpers import BUCKET_SIZE_BYTES, assert_same_weights, make_wei
 from weight_sync_peers import Peer, pack_tensors, unpack_tensors
 
 from rl_train.engines.weight_sync import frame, stream
-from rl_train.engines.weight_sync.base import WeightSender, build_weight_sync_backend
+from rl_train.engines.weight_sync.backends import build_weight_sync_backend
+from rl_train.engines.weight_sync.base import WeightSender
 from rl_train.engines.weight_sync.boundaries import run_sender
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 

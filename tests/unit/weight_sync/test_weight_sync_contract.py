@@ -18,15 +18,14 @@ import torch
 from weight_sync_engine import SparseTinyRolloutEngine, TinyRolloutEngine
 
 from rl_train.engines.weight_sync import boundaries, errors
+from rl_train.engines.weight_sync.backends import WEIGHT_SYNC_BACKENDS
 from rl_train.engines.weight_sync.base import (
-    WEIGHT_SYNC_BACKENDS,
     AbortableTensors,
     AcceptsSparseUpdates,
     LoadsIntoEngine,
     NamedTensors,
     ReportsSyncMetrics,
     accepts_sparse_updates,
-    import_builtin_backends,
 )
 from rl_train.engines.weight_sync.boundaries import ReceiveError, run_receiver, run_sender
 from rl_train.engines.weight_sync.bucketed import BucketedSender
@@ -101,7 +100,6 @@ def test_the_errors_keep_their_old_import_path() -> None:
 
 
 def test_every_backend_declares_handover_and_transport_use() -> None:
-    import_builtin_backends()
     declared = {
         name: (WEIGHT_SYNC_BACKENDS.get(name).handover, WEIGHT_SYNC_BACKENDS.get(name).uses_transport)
         for name in WEIGHT_SYNC_BACKENDS.names()

@@ -60,7 +60,7 @@ def test_sender_that_died_fails_the_receiver_naming_the_wait(peer: Peer) -> None
 
 
 def test_sender_without_receivers_times_out_naming_them() -> None:
-    from rl_train.engines.weight_sync.base import build_weight_sync_backend
+    from rl_train.engines.weight_sync.backends import build_weight_sync_backend
     from rl_train.engines.weight_sync.config import WeightSyncConfig
 
     cfg = WeightSyncConfig(backend="bucketed", transport="tcp", num_receivers=2, timeout_seconds=0.5)

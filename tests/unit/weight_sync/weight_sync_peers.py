@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from weight_sync_engine import SparseTinyRolloutEngine, TinyRolloutEngine
 
-from rl_train.engines.weight_sync.base import build_weight_sync_backend
+from rl_train.engines.weight_sync.backends import build_weight_sync_backend
 from rl_train.engines.weight_sync.boundaries import run_receiver
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 

@@ -3,7 +3,7 @@
 A prompt's loop is its row's ``agent_name`` column when it has one, else the loop named for
 its ``data_source`` in ``by_data_source`` (the exact name, then its longest prefix before a
 '/', as rewards are routed), else ``default``. Names are checked at load against
-``AGENT_LOOPS`` (``engines/agent/registry.py``), without importing the loops.
+``AGENT_LOOPS`` (``engines/agent/registry.py``), whose table names the loops by import path.
 """
 
 from __future__ import annotations
@@ -13,15 +13,12 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from rl_train.algorithms.config import StrictModel
-
-BUILTIN_AGENT_LOOPS = ("single_turn", "tool_agent", "gateway_agent")
-"""The registered loops (``AGENT_LOOPS`` holds the same names; a test checks it)."""
+from rl_train.engines.agent.registry import AGENT_LOOPS
 
 
 def check_agent_loop(name: str) -> str:
-    if name not in BUILTIN_AGENT_LOOPS:
-        raise ValueError(f"unknown agent loop {name!r}; available: {', '.join(BUILTIN_AGENT_LOOPS)}")
-    return name
+    """``name`` if it is a registered agent loop, else ``ValueError`` listing the loops."""
+    return AGENT_LOOPS.check(name)
 
 
 class AgentConfig(StrictModel):

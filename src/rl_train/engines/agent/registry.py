@@ -1,103 +1,46 @@
 """The agent loops a prompt can be answered by (``rollout.agent``): one explicit table.
 
-A loop takes the rollout engine, the starts of a batch of trajectories (request id, prompt
-ids, the response so far) and sampling parameters, and returns one ``AgentTrajectory`` per
-start, in order. As with the engine's own results, ``response_ids`` is the whole response and
-the per-token lists (log-probs, versions, the mask) cover what this call added after the
-prefix:
+The loops live in ``loops``; the table names each by import path, so the config checks a
+loop's name without importing them (the tool loop brings jsonschema and the tools):
 
 - ``single_turn``: one generation, continued from the response so far (a partial rollout
   resumes where an abort left it); every response token is the model's.
 - ``tool_agent``: the multi-turn tool loop (``ToolAgentLoop``); it always starts afresh, since
   a partial trajectory's observations cannot be told from its generated tokens by the engine.
+- ``gateway_agent``: a black-box agent's session on the replica's gateway (R-5.5).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from rl_train.engines.agent.loop import AgentLimits, AgentState, AgentTrajectory, ToolAgentLoop
-from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
-from rl_train.registry import Registry
+from rl_train.registry import Entry, Registry
 
 if TYPE_CHECKING:
-    from rl_train.engines.agent.config import AgentConfig
-    from rl_train.engines.rollout.protocol import RolloutEngine
+    from rl_train.engines.agent.loops import AgentLoopFn
 
 Start = tuple[str, list[int], list[int]]
 """(request id, prompt ids, response prefix)."""
-OnDone = Callable[[AgentTrajectory], None]
-Admit = Callable[[], list[Start]]
-AgentLoopFn = Callable[
-    [
-        "RolloutEngine", list[Start], SamplingParams, "AgentConfig", "threading.Event | None", "OnDone | None",
-        "Admit | None",
-    ],
-    list[AgentTrajectory],
-]  # fmt: skip
-"""(engine, starts, sampling, ``rollout.agent``, stop, on_done, admit) -> trajectories. ``stop``
-is set while the replica is held (the end of a run): a loop ends what it still has in flight as
-``aborted``. A loop may call ``on_done`` with a trajectory as soon as it has ended (the tool
-loop does), so that its caller need not wait for the batch's slowest one; every trajectory
-is returned at the end either way. A loop that waits between rounds (the tool loop) may call
-``admit`` then for more starts, queued meanwhile: they join the batch and are returned with it."""
 
-AGENT_LOOPS: Registry[AgentLoopFn] = Registry("agent loop")
+_HOME = "rl_train.engines.agent.loops:"
 
-
-@AGENT_LOOPS.register("single_turn")
-def single_turn(
-    engine: RolloutEngine,
-    starts: list[Start],
-    params: SamplingParams,
-    cfg: AgentConfig,
-    stop: threading.Event | None = None,
-    on_done: OnDone | None = None,
-    admit: Admit | None = None,
-) -> list[AgentTrajectory]:
-    """One engine batch: every trajectory ends with it (``on_done`` and ``admit`` have nothing to add)."""
-    requests = [GenerationRequest(rid, ids, response_prefix=list(prefix)) for rid, ids, prefix in starts]
-    states = [AgentState.PENDING, AgentState.GENERATING, AgentState.TERMINATED]
-    return [
-        AgentTrajectory(
-            rid, list(ids), list(result.response_ids), [], list(result.log_probs), list(result.token_versions),
-            turns=1, stop_reason=result.stop_reason, states=list(states), routes=result.routes,
-        )  # fmt: skip
-        for (rid, ids, _), result in zip(starts, engine.generate(requests, params) if requests else [], strict=True)
-    ]
-
-
-@AGENT_LOOPS.register("tool_agent")
-def tool_agent(
-    engine: RolloutEngine,
-    starts: list[Start],
-    params: SamplingParams,
-    cfg: AgentConfig,
-    stop: threading.Event | None = None,
-    on_done: OnDone | None = None,
-    admit: Admit | None = None,
-) -> list[AgentTrajectory]:
-    limits = AgentLimits(
-        cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s, cfg.tool_latency_median_s, cfg.tool_latency_sigma
-    )
-    loop = ToolAgentLoop(engine, limits, cfg.tool_threads)
-    more = None if admit is None else (lambda: [(rid, ids) for rid, ids, _ in admit()])
-    return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params, stop, on_done, more)
-
-
-@AGENT_LOOPS.register("gateway_agent")
-def gateway_agent(
-    engine: RolloutEngine,
-    starts: list[Start],
-    params: SamplingParams,
-    cfg: AgentConfig,
-    stop: threading.Event | None = None,
-    on_done: OnDone | None = None,
-    admit: Admit | None = None,
-) -> list[AgentTrajectory]:
-    """Each trajectory is a black-box agent's session on this replica's gateway (R-5.5)."""
-    from rl_train.engines.agent.gateway_runs import run_gateway_agents
-
-    return run_gateway_agents(engine, [(rid, ids) for rid, ids, _ in starts], params, cfg)
+AGENT_LOOPS: Registry[Entry[AgentLoopFn]] = Registry(
+    "agent loop",
+    "rollout.agent.default, rollout.agent.by_data_source, a row's agent_name",
+    {
+        "single_turn": Entry(
+            _HOME + "single_turn",
+            "one generation per trajectory; an aborted one continues from its tokens under the new weights.",
+        ),
+        "tool_agent": Entry(
+            _HOME + "tool_agent",
+            "the multi-turn tool loop; tool calls as JSON in `<tool_call>` tags, answers appended as "
+            "`<tool_response>` ids with mask 0; a batch steps together.",
+        ),
+        "gateway_agent": Entry(
+            _HOME + "gateway_agent",
+            "a black-box agent (`gateway_program` or `gateway_command`) talks to the replica's "
+            "OpenAI-compatible gateway; its session is the trajectory.",
+        ),
+    },
+)

@@ -1,4 +1,4 @@
-"""Tools the policy can call: a registry of named tools, each with JSON-schema arguments.
+"""Tools the policy can call: the ``TOOLS`` table of named tools, each with JSON-schema arguments.
 
 A call is ``run_tool(name, arguments, timeout_s)``. It never raises for the caller's mistakes
 or the tool's failures: an unknown tool, arguments that do not match the schema, a tool that
@@ -21,7 +21,7 @@ import math
 import operator
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
@@ -37,7 +37,7 @@ class ToolResult:
     seconds: float = 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Tool:
     name: str
     description: str
@@ -46,34 +46,18 @@ class Tool:
     run: Callable[[dict[str, Any], float], str]
     """(arguments, timeout in seconds) -> the answer; raises ``ToolError`` for a failure the
     model should read."""
+    validator: jsonschema.Draft202012Validator = field(init=False, repr=False, compare=False)
+    """The arguments' validator, its schema checked once, when the tool is made
+    (``jsonschema.validate`` checks the schema itself again at every call: 6% of a rollout
+    replica's samples on the tool task, under a sampling profiler)."""
+
+    def __post_init__(self) -> None:
+        jsonschema.Draft202012Validator.check_schema(self.parameters)
+        object.__setattr__(self, "validator", jsonschema.Draft202012Validator(self.parameters))
 
 
 class ToolError(Exception):
     """A tool's failure, worded for the model (bad input, a limit hit)."""
-
-
-TOOLS: Registry[Tool] = Registry("tool")
-_VALIDATORS: dict[str, jsonschema.Draft202012Validator] = {}
-"""Each registered tool's argument validator, its schema checked once at registration
-(``jsonschema.validate`` checks the schema itself again at every call: 6% of a rollout
-replica's samples on the tool task, under a sampling profiler)."""
-
-
-def register_tool(tool: Tool) -> Tool:
-    jsonschema.Draft202012Validator.check_schema(tool.parameters)
-    TOOLS.register(tool.name)(tool)
-    _VALIDATORS[tool.name] = jsonschema.Draft202012Validator(tool.parameters)
-    return tool
-
-
-def _validator(tool: Tool) -> jsonschema.Draft202012Validator:
-    """The tool's validator (built here for a tool put in the registry without ``register_tool``,
-    or whose schema changed since)."""
-    validator = _VALIDATORS.get(tool.name)
-    if validator is None or validator.schema is not tool.parameters:
-        jsonschema.Draft202012Validator.check_schema(tool.parameters)
-        validator = _VALIDATORS[tool.name] = jsonschema.Draft202012Validator(tool.parameters)
-    return validator
 
 
 def run_tool(name: str, arguments: Any, timeout_s: float) -> ToolResult:
@@ -84,8 +68,8 @@ def run_tool(name: str, arguments: Any, timeout_s: float) -> ToolResult:
 
     if name not in TOOLS:
         return failed(f"unknown tool {name!r}; available: {', '.join(TOOLS.names())}")
-    tool = TOOLS.get(name)
-    error = jsonschema.exceptions.best_match(_validator(tool).iter_errors(arguments))
+    tool = TOOLS[name]
+    error = jsonschema.exceptions.best_match(tool.validator.iter_errors(arguments))
     if error is not None:  # the error jsonschema.validate would raise
         where = "/".join(str(p) for p in error.absolute_path) or "arguments"
         return failed(f"{name}: {where}: {error.message}")
@@ -120,7 +104,7 @@ def evaluate(expression: str) -> int | float:
         raise ToolError(f"not an arithmetic expression: {expression!r}") from None
 
     def value(node: ast.AST) -> int | float:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
             inner = value(node.operand)
@@ -150,18 +134,16 @@ def _calculator(arguments: dict[str, Any], timeout_s: float) -> str:
     return str(result)
 
 
-register_tool(
-    Tool(
-        "calculator",
-        "Evaluate an arithmetic expression: numbers, + - * / // % ** and parentheses.",
-        {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "maxLength": 1000}},
-            "required": ["expression"],
-            "additionalProperties": False,
-        },
-        _calculator,
-    )
+CALCULATOR = Tool(
+    "calculator",
+    "Evaluate an arithmetic expression: numbers, + - * / // % ** and parentheses.",
+    {
+        "type": "object",
+        "properties": {"expression": {"type": "string", "maxLength": 1000}},
+        "required": ["expression"],
+        "additionalProperties": False,
+    },
+    _calculator,
 )
 
 
@@ -172,18 +154,16 @@ def _python(arguments: dict[str, Any], timeout_s: float) -> str:
     return run_python(arguments["code"], timeout_s=timeout_s).observation()
 
 
-register_tool(
-    Tool(
-        "python",
-        "Run a Python program and read what it prints (no network, limited time and memory).",
-        {
-            "type": "object",
-            "properties": {"code": {"type": "string", "maxLength": 20000}},
-            "required": ["code"],
-            "additionalProperties": False,
-        },
-        _python,
-    )
+PYTHON = Tool(
+    "python",
+    "Run a Python program and read what it prints (no network, limited time and memory).",
+    {
+        "type": "object",
+        "properties": {"code": {"type": "string", "maxLength": 20000}},
+        "required": ["code"],
+        "additionalProperties": False,
+    },
+    _python,
 )
 
 
@@ -199,7 +179,10 @@ def long_tail_seconds(key: str, median_s: float, sigma: float, max_s: float) -> 
 
 def _long_tail(arguments: dict[str, Any], timeout_s: float) -> str:
     delay = long_tail_seconds(
-        arguments["query"], arguments.get("median_s", 0.2), arguments.get("sigma", 1.4), arguments.get("max_s", 60.0)
+        arguments["query"],
+        arguments.get("median_s", 0.2),
+        arguments.get("sigma", 1.4),
+        arguments.get("max_s", 60.0),
     )
     if delay > timeout_s:
         time.sleep(timeout_s)
@@ -208,21 +191,26 @@ def _long_tail(arguments: dict[str, Any], timeout_s: float) -> str:
     return f"result for {arguments['query']!r} after {delay:.3f} s"
 
 
-register_tool(
-    Tool(
-        "long_tail",
-        "Look something up; answers after a heavy-tailed delay (a stand-in for a slow sandbox).",
-        {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "maxLength": 1000},
-                "median_s": {"type": "number", "exclusiveMinimum": 0},
-                "sigma": {"type": "number", "minimum": 0},
-                "max_s": {"type": "number", "exclusiveMinimum": 0},
-            },
-            "required": ["query"],
-            "additionalProperties": False,
+LONG_TAIL = Tool(
+    "long_tail",
+    "Look something up; answers after a heavy-tailed delay (a stand-in for a slow sandbox).",
+    {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "maxLength": 1000},
+            "median_s": {"type": "number", "exclusiveMinimum": 0},
+            "sigma": {"type": "number", "minimum": 0},
+            "max_s": {"type": "number", "exclusiveMinimum": 0},
         },
-        _long_tail,
-    )
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+    _long_tail,
+)
+
+
+TOOLS: Registry[Tool] = Registry(
+    "tool",
+    "a tool call's name (the tool_agent loop)",
+    {tool.name: tool for tool in (CALCULATOR, PYTHON, LONG_TAIL)},
 )

@@ -2,7 +2,7 @@
 
 Each entry is a builder that imports its engine when called, so that naming an engine in a
 config (and validating the name) never imports a heavy backend such as sglang. A new engine
-is one builder and one ``register`` line here; the conformance suite then runs against it.
+is one builder and one line of the table here; the conformance suite then runs against it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from pydantic import AfterValidator
 
-from rl_train.registry import Registry
+from rl_train.registry import Entry, Registry
 
 if TYPE_CHECKING:
     from rl_train.engines.rollout.protocol import RolloutEngine
@@ -47,9 +47,22 @@ def _build_sglang(
     return SglangRolloutEngine(model_path, seed=seed, options=options)
 
 
-ROLLOUT_ENGINES: Registry[RolloutEngineBuilder] = Registry("rollout engine")
-ROLLOUT_ENGINES.register("torch")(_build_torch)
-ROLLOUT_ENGINES.register("sglang")(_build_sglang)
+ROLLOUT_ENGINES: Registry[Entry[RolloutEngineBuilder]] = Registry(
+    "rollout engine",
+    "rollout.engine",
+    {
+        "torch": Entry(
+            _build_torch,
+            "the built-in batched sampler with a KV cache, in the replica's process, CPU or one GPU.",
+        ),
+        "sglang": Entry(
+            _build_sglang,
+            "an sglang server, launched per replica (the `sglang` extra, a GPU) or attached to by "
+            "`rollout.sglang.url`, driven over its HTTP API only; weights reach it from disk or over a "
+            "`torch.distributed` group.",
+        ),
+    },
+)
 
 
 def build_rollout_engine(
@@ -65,11 +78,5 @@ def build_rollout_engine(
     return ROLLOUT_ENGINES.get(name)(model_path, seed=seed, device=device, options=options)
 
 
-def _known_rollout_engine(name: str) -> str:
-    if name not in ROLLOUT_ENGINES:
-        raise ValueError(f"unknown rollout engine {name!r}; available: {', '.join(ROLLOUT_ENGINES.names())}")
-    return name
-
-
-RolloutEngineName = Annotated[str, AfterValidator(_known_rollout_engine)]
+RolloutEngineName = Annotated[str, AfterValidator(ROLLOUT_ENGINES.check)]
 """A config field holding a registered rollout engine name, checked at load."""

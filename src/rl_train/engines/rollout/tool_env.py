@@ -31,13 +31,11 @@ from statistics import NormalDist
 
 from pydantic import Field, field_validator
 
-from rl_train.algorithms.config import StrictModel, _check_registered
-from rl_train.registry import Registry
+from rl_train.algorithms.config import StrictModel
+from rl_train.registry import Entry, Registry
 
 LatencyFn = Callable[[str], float]
 """trajectory key -> tool-call latency in seconds."""
-
-TOOL_ENVS: Registry[Callable[[ToolEnvConfig], LatencyFn | None]] = Registry("tool environment")
 
 
 class ToolEnvConfig(StrictModel):
@@ -55,7 +53,7 @@ class ToolEnvConfig(StrictModel):
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        return _check_registered(__name__, "TOOL_ENVS", name)
+        return TOOL_ENVS.check(name)
 
     def build(self) -> LatencyFn | None:
         """The latency function, or None when there is no tool call."""
@@ -69,13 +67,14 @@ class ToolEnvConfig(StrictModel):
         )
 
 
-@TOOL_ENVS.register("none")
 def no_tool(cfg: ToolEnvConfig) -> LatencyFn | None:
+    """No tool call; a group is finished once its last trajectory is generated."""
     return None
 
 
-@TOOL_ENVS.register("long_tail_sandbox")
 def long_tail_sandbox(cfg: ToolEnvConfig) -> LatencyFn:
+    """The answer goes to a simulated sandbox with lognormal latency (p50 `latency_median_seconds`,
+    p99/p50 = exp(2.326 `latency_sigma`)); the group finishes when its slowest call returns."""
     mu = math.log(cfg.latency_median_seconds)
 
     def latency(key: str) -> float:
@@ -83,6 +82,13 @@ def long_tail_sandbox(cfg: ToolEnvConfig) -> LatencyFn:
         return min(draw, cfg.latency_max_seconds)
 
     return latency
+
+
+TOOL_ENVS: Registry[Entry[Callable[[ToolEnvConfig], LatencyFn | None]]] = Registry(
+    "tool environment",
+    "rollout.tool_env.name",
+    {"none": Entry(no_tool), "long_tail_sandbox": Entry(long_tail_sandbox)},
+)
 
 
 class DelayedCalls:

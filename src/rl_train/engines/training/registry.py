@@ -2,7 +2,7 @@
 
 Each entry is a builder that imports its engine when called, so that naming an engine in a
 config (and validating the name) never imports a heavy backend such as megatron-core. A new
-engine is one builder and one ``register`` line here; the conformance suite then runs
+engine is one builder and one line of the table here; the conformance suite then runs
 against it.
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Protocol
 
 from pydantic import AfterValidator
 
-from rl_train.registry import Registry
+from rl_train.registry import Entry, Registry
 
 if TYPE_CHECKING:
     from rl_train.engines.training.config import ActorConfig
@@ -62,9 +62,24 @@ def _build_megatron(
     return MegatronTrainingEngine(model_path, cfg, horizon_steps, temperature, seed)
 
 
-TRAINING_ENGINES: Registry[TrainingEngineBuilder] = Registry("training engine")
-TRAINING_ENGINES.register("torch")(_build_torch)
-TRAINING_ENGINES.register("megatron")(_build_megatron)
+TRAINING_ENGINES: Registry[Entry[TrainingEngineBuilder]] = Registry(
+    "training engine",
+    "actor.engine",
+    {
+        "torch": Entry(
+            _build_torch,
+            "the policy as an HF model in plain torch, data parallel over `torch.distributed` "
+            "(gloo on CPU), AdamW.",
+        ),
+        "megatron": Entry(
+            _build_megatron,
+            "megatron-core's `GPTModel` converted from the HF policy (qwen2, llama), its schedules and "
+            "distributed optimizer; `actor.megatron` sets tensor and pipeline parallel sizes (data "
+            "parallelism is what is left of `actor.num_ranks`). Needs the `megatron` extra; on CPU it runs "
+            "behind a small layer for megatron's hard-coded CUDA calls.",
+        ),
+    },
+)
 
 
 def build_training_engine(
@@ -85,13 +100,5 @@ def build_training_engine(
     return TRAINING_ENGINES.get(name)(model_path, cfg, horizon_steps, temperature, seed, model_impl)
 
 
-def _known_training_engine(name: str) -> str:
-    if name not in TRAINING_ENGINES:
-        raise ValueError(
-            f"unknown training engine {name!r}; available: {', '.join(TRAINING_ENGINES.names())}"
-        )
-    return name
-
-
-TrainingEngineName = Annotated[str, AfterValidator(_known_training_engine)]
+TrainingEngineName = Annotated[str, AfterValidator(TRAINING_ENGINES.check)]
 """A config field holding a registered training engine name, checked at load."""

@@ -1,6 +1,6 @@
 """Weight sync: moving trained weights from the training engine to rollout engines (R-8).
 
-Backends register in ``WEIGHT_SYNC_BACKENDS`` and are chosen by ``rollout.weight_sync.backend``.
+Backends are chosen by ``rollout.weight_sync.backend`` from ``WEIGHT_SYNC_BACKENDS`` (``backends``).
 The names below are imported when first used, so that the config (which only needs
 ``WeightSyncConfig``) does not import torch.
 """
@@ -11,12 +11,12 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "WEIGHT_SYNC_BACKENDS": "base",
+    "WEIGHT_SYNC_BACKENDS": "backends",
     "NamedTensors": "base",
     "WeightReceiver": "base",
     "WeightSender": "base",
     "WeightSyncBackend": "base",
-    "build_weight_sync_backend": "base",
+    "build_weight_sync_backend": "backends",
     "WeightSyncConfig": "config",
 }
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rl_train.registry import Registry
-
 if TYPE_CHECKING:  # the driver builds backends and never imports torch
     import torch
 
@@ -127,25 +125,9 @@ class WeightSyncBackend(Protocol):
     def build_receiver(self, descriptor: dict[str, Any]) -> WeightReceiver: ...
 
 
-class WeightSyncBackendClass(Protocol):
-    """What the registry holds: a backend's class, which says whether it uses a transport
-    before it is built (checked at config load) and is built from ``rollout.weight_sync``."""
-
-    uses_transport: bool
-
-    def __call__(self, cfg: WeightSyncConfig) -> WeightSyncBackend: ...
-
-
-WEIGHT_SYNC_BACKENDS: Registry[WeightSyncBackendClass] = Registry("weight-sync backend")
-
-
-def import_builtin_backends() -> None:
-    """Import the built-in backends so that they register (``backends``: no torch; each end's
-    module, and its transport, import when the end is built)."""
-    from rl_train.engines.weight_sync import backends  # noqa: F401
-
-
 def build_weight_sync_backend(cfg: WeightSyncConfig) -> WeightSyncBackend:
-    """Instantiate the backend named by ``cfg.backend`` (a ``WeightSyncConfig``)."""
-    import_builtin_backends()
-    return WEIGHT_SYNC_BACKENDS.get(cfg.backend)(cfg)
+    """Instantiate the backend named by ``cfg.backend`` from the ``WEIGHT_SYNC_BACKENDS`` table
+    in ``backends``."""
+    from rl_train.engines.weight_sync.backends import build_weight_sync_backend
+
+    return build_weight_sync_backend(cfg)

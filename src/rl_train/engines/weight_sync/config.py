@@ -6,54 +6,38 @@ with its install hint before any worker starts, never in the middle of a run.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from rl_train.algorithms.config import StrictModel
-
-BUILTIN_BACKENDS = {"naive": False, "bucketed": True, "delta": True}
-"""The built-in backends and whether each moves its bytes over ``transport``: checked here
-without importing them (and torch) at config load; ``tests/unit/weight_sync`` holds this
-table to the registry. Another name is looked up in the registry itself."""
+from rl_train.engines.weight_sync.backends import WEIGHT_SYNC_BACKENDS
+from rl_train.engines.weight_sync.transports import TransportName, check_transport_available
 
 
 class WeightSyncConfig(StrictModel):
-    backend: str = "naive"
+    backend: Annotated[str, AfterValidator(WEIGHT_SYNC_BACKENDS.check)] = "naive"
     """Registered weight-sync backend (rl_train.engines.weight_sync.WEIGHT_SYNC_BACKENDS)."""
-    timeout_seconds: float = Field(120.0, gt=0)
+    timeout_seconds: float = Field(default=120.0, gt=0)
     """Longest any blocking wait of a sync may take before it fails naming its boundary."""
-    transport: Literal["shm", "tcp", "torch_dist", "mooncake"] = "shm"
+    transport: TransportName = "shm"
     """Byte mover under `bucketed` and `delta`: shared memory (one host), TCP, torch.distributed, Mooncake."""
-    bucket_size_bytes: int = Field(64 << 20, ge=4096)
+    bucket_size_bytes: int = Field(default=64 << 20, ge=4096)
     """Size of each of the two alternating bucket buffers; memory per side is about twice this."""
-    num_receivers: int = Field(1, ge=1)
+    num_receivers: int = Field(default=1, ge=1)
     """Rollout replicas that receive every sync (the flow sets it to the rollout pool size)."""
     host: str | None = None
     """Address the sender listens on and receivers dial (None: the address of the node the sender runs on)."""
-    delta_entries_per_flush: int = Field(1 << 20, ge=1)
+    delta_entries_per_flush: int = Field(default=1 << 20, ge=1)
     """`delta`: changed (index, value) entries per flush; flushes go by count, never by bytes (R-8.3)."""
-    delta_threads: int = Field(2, ge=1)
+    delta_threads: int = Field(default=2, ge=1)
     """`delta`: sender threads that diff each export against the snapshot (a sync-time cost only)."""
     delta_snapshot: Literal["host", "device"] = "host"
     """`delta`: where the sender's snapshot lives; `device` diffs on the GPU, costing one model copy there."""
 
     @model_validator(mode="after")
     def _check_available(self) -> WeightSyncConfig:
-        uses_transport = BUILTIN_BACKENDS.get(self.backend)
-        if uses_transport is None:
-            from rl_train.engines.weight_sync.base import WEIGHT_SYNC_BACKENDS, import_builtin_backends
-
-            import_builtin_backends()
-            if self.backend not in WEIGHT_SYNC_BACKENDS:
-                raise ValueError(
-                    f"rollout.weight_sync.backend: unknown backend {self.backend!r}; "
-                    f"available: {', '.join(WEIGHT_SYNC_BACKENDS.names())}"
-                )
-            uses_transport = bool(WEIGHT_SYNC_BACKENDS.get(self.backend).uses_transport)
-        if uses_transport:
-            from rl_train.engines.weight_sync.transports import check_transport_available
-
+        if WEIGHT_SYNC_BACKENDS.get(self.backend).uses_transport:
             try:
                 check_transport_available(self.transport)
             except ValueError as exc:

@@ -9,13 +9,10 @@ first so the receiver knows how many bytes to read.
 
 from __future__ import annotations
 
-import importlib
 import socket
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rl_train.registry import Registry
-
-if TYPE_CHECKING:  # the config check below runs in the driver, which never imports torch
+if TYPE_CHECKING:  # the config check imports this in the driver, which never imports torch
     import torch
 
     from rl_train.engines.weight_sync.wire import Deadline
@@ -67,45 +64,3 @@ class ReceiverTransport(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-TRANSPORTS: Registry[tuple[str, str]] = Registry("weight-sync transport")
-"""Name -> (module path, install hint); modules are imported only when the transport is used."""
-
-_PACKAGE = "rl_train.engines.weight_sync.transports."
-TRANSPORTS.register("shm")((_PACKAGE + "shm", ""))
-TRANSPORTS.register("tcp")((_PACKAGE + "tcp", ""))
-TRANSPORTS.register("torch_dist")(
-    (_PACKAGE + "torch_dist", "a torch build with torch.distributed (gloo on CPU, NCCL on GPU)")
-)
-TRANSPORTS.register("mooncake")(
-    (
-        _PACKAGE + "mooncake",
-        "pip install 'rl-train[mooncake-cpu]' (mooncake-transfer-engine-non-cuda) and "
-        "apt-get install -y libibverbs1 on CPU hosts; pip install 'rl-train[mooncake-cuda]' on GPU hosts",
-    )
-)
-
-
-def get_transport(name: str) -> Any:
-    """The transport module: it defines ``Sender(cfg)``, ``Receiver(descriptor)`` and ``available()``."""
-    module_path, _ = TRANSPORTS.get(name)
-    return importlib.import_module(module_path)
-
-
-STANDARD_LIBRARY_TRANSPORTS = frozenset({"shm", "tcp"})
-"""Built-in transports that need nothing beyond Python and torch, so always available: the
-config check does not import them (and torch with them) in the driver to ask."""
-
-
-def check_transport_available(name: str) -> None:
-    """Raise ``ValueError`` with the install hint when ``name`` cannot run on this machine."""
-    module_path, hint = TRANSPORTS.get(name)
-    if name in STANDARD_LIBRARY_TRANSPORTS and module_path == _PACKAGE + name:
-        return
-    try:
-        problem = importlib.import_module(module_path).available()
-    except ImportError as exc:
-        problem = str(exc)
-    if problem:
-        raise ValueError(f"weight-sync transport {name!r} is unavailable here ({problem}); install: {hint}")
