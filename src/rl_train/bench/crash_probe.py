@@ -49,7 +49,7 @@ def _watch_push(pending: Any, version: int) -> None:
     """Report ``sync-end`` once the sender and every receiver of the push have returned."""
     import ray
 
-    refs = [pending.metrics_ref, *pending.receive_refs]
+    refs = [pending.metrics.ref, *(receive.ref for receive in pending.receives)]
     try:
         ray.wait(refs, num_returns=len(refs), fetch_local=False)
     except Exception:  # the run is going down; the run itself reports why
@@ -58,7 +58,7 @@ def _watch_push(pending: Any, version: int) -> None:
 
 
 def install_markers() -> None:
-    from rl_train.engines.workers.pools import WorkerPools
+    from rl_train.engines.workers.weight_sync_link import WeightSyncLink
     from rl_train.flows.base import BaseTrainer
     from rl_train.flows.checkpointing import RunCheckpointer
     from rl_train.storage.checkpoint import CheckpointStore
@@ -77,16 +77,16 @@ def install_markers() -> None:
         emit("restore-end", step)
 
     BaseTrainer._restore = _restore  # type: ignore[method-assign]
-    start = WorkerPools.start_weight_sync
+    start = WeightSyncLink.start_push
 
     @functools.wraps(start)
-    def start_weight_sync(self: Any, version: int, overlap: bool = True) -> Any:
+    def start_push(self: Any, version: int, overlap: bool = True) -> Any:
         emit("sync-begin", version)
         pending = start(self, version, overlap)
         threading.Thread(target=_watch_push, args=(pending, version), daemon=True).start()
         return pending
 
-    WorkerPools.start_weight_sync = start_weight_sync  # type: ignore[method-assign]
+    WeightSyncLink.start_push = start_push  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:
