@@ -23,7 +23,7 @@ from rl_train.flows.step import PhaseRunner
 class SeparateAsyncTrainer(AsyncTrainerHooks):
     def on_train_begin(self) -> None:
         super().on_train_begin()
-        self.replay_buffer.rescue = self._rescue  # type: ignore[attr-defined]
+        self.replay_buffer.rescue = self._rescue
 
     def on_sample_begin(self, step: int, local_update: int) -> None:
         if local_update == 0 and self.config.trainer.parameter_sync_step > 1:

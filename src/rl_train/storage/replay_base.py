@@ -39,6 +39,9 @@ class ReplayBufferBase(ABC, Generic[Replica]):
         self.revive: Callable[[], list[int]] | None = None
         """Set by the trainer: brings back rollout replicas that died (restarted by Ray, reloaded
         with the current weights); returns the indices of those that had restarted."""
+        self.rescue: Callable[[list[str]], object] | None = None
+        """Set by a mode with a spare engine: generates the given pending prompt groups now
+        (R-2.7). A buffer that waits for groups (the async one) calls it when starved."""
 
     # -- what the step runs (R-2.9) --------------------------------------------------------
     @abstractmethod
@@ -53,6 +56,12 @@ class ReplayBufferBase(ABC, Generic[Replica]):
     @abstractmethod
     def release(self, batch_id: str) -> None:
         """Forget a trained batch: its trajectories and their prompts leave the queue."""
+
+    def prefetch(self, num_groups: int, step: int) -> None:
+        """Start step ``step``'s first generation round now, without waiting; its ``dispatch``
+        collects it. The sync trainer calls this right after a weight sync; a buffer that cannot
+        start early (the default) does nothing, and ``dispatch`` generates as usual."""
+        return None
 
     def pop_metrics(self) -> dict[str, float]:
         """Replay figures since the last call (R-7.6); a custom sampler may report none."""

@@ -39,7 +39,6 @@ import importlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from rl_train.storage.group_scoring import groups_with_gradient, trajectory_keys
@@ -88,8 +87,6 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         self._failed_while_waiting = 0
         self._assigned: dict[str, int] = {}
         """prompt group -> the replica it was queued on (to re-queue it if that replica dies)."""
-        self.rescue: Callable[[list[str]], Any] | None = None
-        """Set by a mode with a spare engine: generates the given pending prompt groups now (R-2.7)."""
 
     # -- dispatch ------------------------------------------------------------------------
     def dispatch(self, num_groups: int, step: int) -> list[str]:
