@@ -212,7 +212,7 @@ class _PausedPoolTrainer:
 
         class Paused(SeparateAsyncTrainer):
             def on_train_begin(self) -> None:
-                self.pools.pause_generation()
+                self.pools.rollout.pause_generation()
                 super().on_train_begin()
 
         return Paused(config)

@@ -95,7 +95,7 @@ def test_gae_without_prefect_on_two_critic_ranks(
 
     def on_train_begin(trainer: SyncTrainer) -> None:
         pools, _ = WorkerPools.join(trainer.run_id)
-        rejoined.extend(ray_local.get([critic.ping.remote() for critic in pools.critics]))
+        rejoined.extend(ray_local.get([critic.ping.remote() for critic in pools.critic.ranks]))
 
     monkeypatch.setattr(SyncTrainer, "on_train_begin", on_train_begin)
     config = run_config(

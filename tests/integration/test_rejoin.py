@@ -60,8 +60,8 @@ def test_a_task_in_a_fresh_process_rejoins_the_run_and_fails_clearly_once_it_is_
         assert 0.0 <= joined["reward"]["reward/mean"] <= 1.0
         assert joined["balance"]["response_length/mean"] > 0
         assert "advantage/mean" in joined["advantage"] and "actor/loss" in joined["update"]
-        keys = trainer.pools.batch(batch_id)["keys"]
-        records = ray_local.get(trainer.pools.tq.get.remote("train", keys))
+        keys = trainer.pools.queue.batch(batch_id)["keys"]
+        records = trainer.pools.queue.records.get("train", keys)
         assert all("advantages" in r and "reward" in r for r in records)  # written by the child's tasks
         no_cluster = _child(trainer.run_id, batch_id, None)
         assert no_cluster["error"] == "RunGoneError" and "RAY_ADDRESS" in no_cluster["message"]

@@ -1,4 +1,5 @@
-"""The sync ReplayBuffer over a real TransferQueue actor and a real rollout replica."""
+"""The sync ReplayBuffer over a real TransferQueue actor and a real rollout replica, through
+their typed clients (``QueueClient``, ``RolloutClient``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 import pytest
 import ray
 
+from rl_train.engines.workers.queue_client import QueueClient
+from rl_train.engines.workers.rollout_pool import RolloutClient
 from rl_train.engines.workers.rollout_worker import RolloutWorker
 from rl_train.storage.dataset import PromptLoader
 from rl_train.storage.replay_buffer import ReplayBuffer
@@ -24,7 +27,9 @@ def test_dispatch_and_sample_complete_groups(tiny_model_dir: Path, ray_local) ->
         {"prompt": f"{i}+1=", "data_source": "arith/single_digit_sum", "ground_truth": str(i + 1)}
         for i in range(9)
     ]
-    buffer = ReplayBuffer(tq, [replica], PromptLoader(prompts, seed=0), n=3, sampling={"max_new_tokens": 3})
+    buffer = ReplayBuffer(
+        QueueClient(tq), [RolloutClient(replica)], PromptLoader(prompts, seed=0), n=3, sampling={"max_new_tokens": 3}
+    )
     try:
         dispatched = buffer.dispatch(4, step=1)
         assert ray.get(tq.query.remote("train", kind="prompt", status="finished")) == dispatched

@@ -97,8 +97,8 @@ class RecordingTrainer(SeparateAsyncTrainer):
 
     def on_train_end(self) -> None:
         super().on_train_end()  # awaits the last push
-        self.timeline = ray.get(self.pools.trainers[0].timeline.remote())
-        self.received = ray.get(self.pools.rollouts[0].received_digests.remote())
+        self.timeline = ray.get(self.pools.trainer.rank0.timeline.remote())
+        self.received = ray.get(self.pools.rollout.actors[0].received_digests.remote())
 
 
 def _config(small_run_config: dict[str, Any]) -> Config:

@@ -21,7 +21,6 @@ import time
 from typing import Any
 
 import pytest
-import ray
 
 from rl_train.config import Config, apply_mode_defaults
 from rl_train.flows.separate_async import SeparateAsyncTrainer
@@ -39,8 +38,8 @@ class WarmedUpTrainer(SeparateAsyncTrainer):
     def on_train_begin(self) -> None:
         super().on_train_begin()
         deadline = time.monotonic() + 120
-        tq = self.pools.tq
-        while ray.get(tq.count.remote("train", kind="prompt", status="finished")) < WARM_UP_GROUPS:
+        tq = self.pools.queue.records
+        while len(tq.query("train", kind="prompt", status="finished")) < WARM_UP_GROUPS:
             assert time.monotonic() < deadline, "the warm-up queue was not generated in time"
             time.sleep(0.1)
 

@@ -46,7 +46,10 @@ engines and storage whose configs it gathers; then tasks, flows, deployments, th
 generator of docs/reference.md (which reads the config tree and every registry). The
 benchmarks and examples sit on top: they may import anything, and nothing imports them."""
 
-TYPE_ONLY_UPWARD = {("modes.py", "config.py"): "a mode's hooks are typed with the Config they edit"}
+TYPE_ONLY_UPWARD = {
+    ("modes.py", "config.py"): "a mode's hooks are typed with the Config they edit",
+    ("engines", "config.py"): "the worker pools are launched from the run's whole Config, read by type only",
+}
 """Imports against the ranks allowed only under ``if TYPE_CHECKING:`` (no import at run time);
 config.py imports ``MODES`` at run time, so modes.py sits below it."""
 

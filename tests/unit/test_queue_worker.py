@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from rl_train.config import Config
-from rl_train.engines.workers.pools import _mean_over_ranks
 from rl_train.engines.workers.queue_worker import QueueWorker
+from rl_train.engines.workers.ranked_pool import mean_over_ranks
 
 
 def _queue(**algorithm: Any) -> QueueWorker:
@@ -94,8 +94,8 @@ def test_balance_spreads_tokens_and_reports_the_heaviest_rank() -> None:
 
 def test_update_metrics_are_the_mean_over_ranks_not_rank_zeros() -> None:
     per_rank = [{"actor/loss": 1.0, "actor/grad_norm": 2.0}, {"actor/loss": 3.0, "actor/grad_norm": 2.0}]
-    assert _mean_over_ranks(per_rank) == {"actor/grad_norm": 2.0, "actor/loss": 2.0}
-    assert _mean_over_ranks([{"a": 1.0}, {}]) == {"a": 1.0}  # a rank without the key does not dilute it
+    assert mean_over_ranks(per_rank) == {"actor/grad_norm": 2.0, "actor/loss": 2.0}
+    assert mean_over_ranks([{"a": 1.0}, {}]) == {"a": 1.0}  # a rank without the key does not dilute it
 
 
 @pytest.mark.parametrize("built_first", [False, True])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rl_train.storage.dataset import PromptLoader
+from rl_train.storage.handles import Done
 from rl_train.storage.replay_buffer import ReplayBuffer
 from rl_train.storage.replay_config import ReplayConfig
 from rl_train.storage.transfer_queue import TransferQueue
@@ -32,6 +33,9 @@ class ScriptedReplica:
         self.tq.set_tags(partition, {k: {"status": "running"} for k in keys})
         self.tq.set_tags(partition, {k: {"status": "finished"} for k in keys})
         return list(records)
+
+    def start_generating(self, partition: str, keys: list[str], n: int, params: dict[str, Any]) -> Done[list[str]]:
+        return Done(self.generate_prompts(partition, keys, n, params))
 
 
 def make(kinds: list[str], **replay: Any) -> tuple[ReplayBuffer, TransferQueue, ScriptedReplica, list[str]]:

@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from rl_train.storage.dataset import PromptLoader
+from rl_train.storage.handles import Done, Pending
 from rl_train.storage.replay_buffer import ReplayBuffer, RolloutFailedError, describe_error
 from rl_train.storage.replay_config import ReplayConfig
 from rl_train.storage.transfer_queue import TransferQueue
@@ -43,6 +45,27 @@ class FlakyReplica:
             raise RuntimeError(f"engine fell over on call {len(self.calls)}")
         self.tq.set_tags(partition, {k: {"status": "finished"} for k in keys})
         return list(records)
+
+    def start_generating(self, partition: str, keys: list[str], n: int, params: dict[str, Any]) -> Pending[list[str]]:
+        """In process: the round runs, and raises, right here."""
+        return Done(self.generate_prompts(partition, keys, n, params))
+
+
+class Deferred:
+    """A call that runs when it is awaited, as a Ray actor's error shows only at ``ray.get``."""
+
+    def __init__(self, run: Callable[[], list[str]]) -> None:
+        self.run = run
+
+    def wait(self) -> list[str]:
+        return self.run()
+
+
+class RemoteLikeReplica(FlakyReplica):
+    """A replica whose failure surfaces when its call is awaited, not when it is started."""
+
+    def start_generating(self, partition: str, keys: list[str], n: int, params: dict[str, Any]) -> Pending[list[str]]:
+        return Deferred(lambda: self.generate_prompts(partition, keys, n, params))
 
 
 def make(
@@ -99,6 +122,19 @@ def test_only_the_failing_replicas_groups_are_generated_again() -> None:
     assert ok.calls == [["p0", "p2"], ["p1"]] and flaky.calls == [["p1", "p3"], ["p3"]]
     assert tq.get("train", ["p0/0"])[0]["attempt"] == 1  # the healthy replica's output is kept
     assert _failure_metrics(buffer)["replay/retried_failure"] == 2.0
+
+
+def test_a_failure_that_shows_when_the_call_is_awaited_is_handled_alike() -> None:
+    # As with Ray actors: both replicas start, the second one's error surfaces at wait(); the
+    # first one's output is kept and only the second one's groups are generated again.
+    buffer, tq, (ok, flaky) = make(replicas=2, fail_on_calls=(set(), {1}))
+    remote_like = [RemoteLikeReplica(tq, r.fail_on_calls) for r in (ok, flaky)]
+    buffer.rollouts = remote_like
+    assert sorted(buffer.dispatch(4, step=1)) == ["p0", "p1", "p2", "p3"]
+    assert remote_like[0].calls == [["p0", "p2"], ["p1"]] and remote_like[1].calls == [["p1", "p3"], ["p3"]]
+    assert tq.get("train", ["p0/0"])[0]["attempt"] == 1
+    metrics = _failure_metrics(buffer)
+    assert metrics["replay/retried_failure"] == 2.0 and metrics["rollout/generation_errors"] == 1.0
 
 
 def test_a_broken_replica_stops_the_run_after_max_failure_rounds_in_a_row() -> None:

@@ -15,8 +15,8 @@ from rl_train.tasks.retry import phase_task, retrying_phase_task
 def test_step_sub_flows_and_phase_tasks_never_persist_results() -> None:
     with temporary_settings({PREFECT_RESULTS_PERSIST_BY_DEFAULT: True}):
         assert BaseTrainer.global_step_flow.persist_result is False
-        assert phase_task(lambda: None).persist_result is False
-        assert retrying_phase_task(lambda: None).persist_result is False
+        assert phase_task("a")(lambda: None).persist_result is False
+        assert retrying_phase_task("b")(lambda: None).persist_result is False
 
 
 def test_step_settings_turn_the_heartbeat_off_and_are_built_once() -> None:

@@ -43,6 +43,10 @@ def test_fields_batches_and_partitions() -> None:
     assert tq.get("train", ["a/0"], ["reward", "advantages"]) == [{"reward": 1.0, "advantages": [0.5, 0.5]}]
     with pytest.raises(KeyError, match="lacks field"):
         tq.get("train", ["a/0"], ["old_log_probs"])
+    # optional fields come back where the record has them, and are left out where it has not
+    assert tq.get("train", ["a/0"], ["reward"], ["advantages", "is_infra"]) == [
+        {"reward": 1.0, "advantages": [0.5, 0.5]}
+    ]
     with pytest.raises(KeyError, match="unknown TransferQueue partition 'test'"):
         tq.get("test", ["a/0"])
     assert tq.query("train", version=3) == ["a/0"] and tq.query("val") == []

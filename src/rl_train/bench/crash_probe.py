@@ -50,7 +50,7 @@ def _watch_push(pending: Any, version: int) -> None:
     """Report ``sync-end`` once the sender and every receiver of the push have returned."""
     import ray
 
-    refs = [pending.metrics_ref, *pending.receive_refs]
+    refs = [pending.metrics.ref, *(receive.ref for receive in pending.receives)]
     try:
         ray.wait(refs, num_returns=len(refs), fetch_local=False)
     except Exception:  # the run is going down; the run itself reports why
@@ -59,7 +59,7 @@ def _watch_push(pending: Any, version: int) -> None:
 
 
 def install_markers() -> None:
-    from rl_train.engines.workers.pools import WorkerPools
+    from rl_train.engines.workers.weight_sync_link import WeightSyncLink
     from rl_train.flows.base import BaseTrainer
     from rl_train.flows.checkpointing import RunCheckpointer
     from rl_train.storage.checkpoint import CheckpointStore
@@ -78,16 +78,16 @@ def install_markers() -> None:
         emit("restore-end", step)
 
     mock.patch.object(BaseTrainer, "_restore", _restore).start()  # for the life of the probed process
-    start = WorkerPools.start_weight_sync
+    start = WeightSyncLink.start_push
 
     @functools.wraps(start)
-    def start_weight_sync(self: Any, version: int, overlap: bool = True) -> Any:
+    def start_push(self: Any, version: int, overlap: bool = True) -> Any:
         emit("sync-begin", version)
         pending = start(self, version, overlap)
         threading.Thread(target=_watch_push, args=(pending, version), daemon=True).start()
         return pending
 
-    mock.patch.object(WorkerPools, "start_weight_sync", start_weight_sync).start()
+    mock.patch.object(WeightSyncLink, "start_push", start_push).start()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,17 +40,17 @@ class AsyncTrainerHooks(BaseTrainer):
     def on_train_end(self) -> None:
         """Stop background generation, tool waits included; a replica already gone must not keep
         teardown from running."""
-        self.pools.stop_generation(missing_ok=True)
+        self.pools.rollout.stop_generation(missing_ok=True)
 
     def on_validate_begin(self, step: int) -> None:
-        self.pools.pause_generation()
+        self.pools.rollout.pause_generation()
 
     def on_validate_end(self, step: int, metrics: dict[str, float]) -> None:
-        self.pools.resume_generation()
+        self.pools.rollout.resume_generation()
 
     def step_metrics(self) -> dict[str, float]:
         """Replay figures of the step, rollout errors, and the version each replica serves."""
-        errors = self.pools.pop_generation_errors()
+        errors = self.pools.rollout.pop_generation_errors()
         if errors:
             logger.warning(
                 "step: %d rollout error(s); the failed prompts are retried or refilled. First: %s",
@@ -59,6 +59,6 @@ class AsyncTrainerHooks(BaseTrainer):
             )
         metrics = dict(self.replay_buffer.pop_metrics())
         metrics["rollout/generation_errors"] = float(len(errors))
-        for i, version in enumerate(self.pools.rollout_versions()):
+        for i, version in enumerate(self.pools.rollout.versions()):
             metrics[f"rollout/version/{i}"] = float(version)
         return metrics

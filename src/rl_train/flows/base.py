@@ -201,9 +201,9 @@ class BaseTrainer(ABC):
             step=step,
             version=self.context.version,
             buffer=self.replay_buffer.state_dict(),
-            num_ranks=len(self.pools.trainers),
-            num_rollouts=len(self.pools.rollouts),
-            num_critic_ranks=len(self.pools.critics),
+            num_ranks=len(self.pools.trainer.ranks),
+            num_rollouts=len(self.pools.rollout.replicas),
+            num_critic_ranks=len(self.pools.critic.ranks),
         )
 
     def _checkpoint(self, step: int) -> dict[str, float]:
@@ -221,13 +221,13 @@ class BaseTrainer(ABC):
         spec = self.config.replay.sampler
         cls = load_sampler_class(spec) if spec else self.replay_buffer_class
         return cls(
-            pools.tq,
-            pools.rollouts,
+            pools.queue.records,
+            pools.rollout.replicas,
             loader,
             self.config.rollout.n,
             sampling,
             config=self.config.replay,
-            rewards=pools.rewards,
+            rewards=pools.reward.workers,
         )
 
     def fit(self) -> list[dict[str, Any]]:
@@ -260,7 +260,7 @@ class BaseTrainer(ABC):
                 held = self._checkpoint(step)
             if self.checkpointer is not None:
                 self.checkpointer.close()
-            self.pools.export_policy(f"{self.run_dir}/{POLICY_DIR}")
+            self.pools.trainer.export_policy(f"{self.run_dir}/{POLICY_DIR}")
             publish_run_end(self.config.run.name, self.run_dir)
             return self.history
         finally:
@@ -315,7 +315,7 @@ class BaseTrainer(ABC):
     def rollout_activity(self, wall_seconds: float) -> dict[str, float]:
         """How much of the step the rollout engines generated (mean over replicas), and the
         groups still waiting on tool calls: where async modes win, this is where sync idles."""
-        activity = self.pools.pop_rollout_activity()
+        activity = self.pools.rollout.pop_activity()
         busy = sum(a["busy_seconds"] for a in activity) / max(len(activity), 1)
         return {
             "rollout/busy_seconds": busy,

@@ -18,16 +18,16 @@ from rl_train.flows.step import PhaseRunner
 class ColocateAsyncTrainer(AsyncTrainerHooks):
     def on_sample_begin(self, step: int, local_update: int) -> None:
         if local_update:  # later local updates of a global step sample with the same weights
-            self.pools.wake_rollouts()
-            self.pools.resume_generation()
+            self.pools.rollout.wake_up()
+            self.pools.rollout.resume_generation()
 
     def on_sample_end(self, step: int, local_update: int) -> None:
-        self.pools.pause_generation()
-        self.pools.sleep_rollouts()
+        self.pools.rollout.pause_generation()
+        self.pools.rollout.sleep()
 
     def on_step_end(self, step: int, run: PhaseRunner) -> dict[str, float]:
         metrics = run(tasks.weight_sync, self.run_id, step)
         self.context.version = step
-        self.pools.wake_rollouts()
-        self.pools.resume_generation()
+        self.pools.rollout.wake_up()
+        self.pools.rollout.resume_generation()
         return {**metrics, **self.step_metrics()}

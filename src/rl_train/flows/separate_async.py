@@ -21,17 +21,17 @@ from rl_train.flows.step import PhaseRunner
 class SeparateAsyncTrainer(AsyncTrainerHooks):
     def on_train_begin(self) -> None:
         super().on_train_begin()
-        self.replay_buffer.rescue = self._rescue  # type: ignore[attr-defined]
+        self.replay_buffer.rescue = self._rescue
 
     def on_sample_begin(self, step: int, local_update: int) -> None:
         if local_update == 0 and self.config.trainer.parameter_sync_step > 1:
-            self.pools.snapshot_pi_old()
+            self.pools.trainer.snapshot_pi_old()
 
     def on_sample_end(self, step: int, local_update: int) -> None:
         return None  # the standalone pool never sleeps
 
     def on_step_end(self, step: int, run: PhaseRunner) -> dict[str, float]:
-        self.pools.clear_pi_old()
+        self.pools.trainer.clear_pi_old()
         ctx = self.context
         ctx.pending_push, metrics = run(tasks.push_weights, self.run_id, step, ctx.pending_push)
         ctx.version = step
@@ -47,4 +47,4 @@ class SeparateAsyncTrainer(AsyncTrainerHooks):
 
     def _rescue(self, keys: list[str]) -> None:
         buffer = self.replay_buffer
-        self.pools.rescue_generate(keys, buffer.n, buffer.sampling, self.context.version)
+        self.pools.trainer.rescue_generate(keys, buffer.n, buffer.sampling, self.context.version)

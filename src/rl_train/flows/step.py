@@ -99,7 +99,7 @@ def run_global_step(trainer: BaseTrainer, step: int, direct: bool, label: str | 
         if plan.critic:
             part.update(run(tasks.critic_update, run_id, batch_id))
         part.update(run(tasks.update, run_id, batch_id))
-        ctx.trained += ctx.pools.batch(batch_id, ["groups"])["groups"]
+        ctx.trained += ctx.pools.queue.batch(batch_id, ["groups"])["groups"]
         ctx.replay_buffer.release(batch_id)
     metrics = merge_local_updates(parts)  # every local update's groups, not only the last's
     metrics.update(trainer.on_step_end(step, run))

@@ -18,15 +18,15 @@ from rl_train.flows.step import PhaseRunner
 class SyncTrainer(BaseTrainer):
     def on_sample_begin(self, step: int, local_update: int) -> None:
         if local_update:  # parameter_sync_step > 1: the next local update samples with the same weights
-            self.pools.wake_rollouts()
+            self.pools.rollout.wake_up()
 
     def on_sample_end(self, step: int, local_update: int) -> None:
-        self.pools.sleep_rollouts()
+        self.pools.rollout.sleep()
 
     def on_step_end(self, step: int, run: PhaseRunner) -> dict[str, float]:
         metrics = run(tasks.weight_sync, self.run_id, step)
         self.context.version = step
-        self.pools.wake_rollouts()
+        self.pools.rollout.wake_up()
         prefetch = getattr(self.replay_buffer, "prefetch", None)  # a custom sampler may not have it
         if prefetch is not None and self.next_step_may_start(step):
             prefetch(self.config.trainer.train_batch_size // self.config.trainer.parameter_sync_step, step + 1)

@@ -2,37 +2,48 @@
 
 Both replay buffers filter groups before training (DAPO dynamic sampling); the reward phase
 would score the same trajectories later anyway, so scoring here only moves that work earlier
-(the reward phase rewrites the same values).
+(the reward phase rewrites the same values). Only the fields the filter reads leave the queue
+(group, reward, the infrastructure flag), never the trajectories' tokens and log-probs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rl_train.algorithms.group_filter import classify_groups
-from rl_train.storage.handles import call
+from rl_train.storage.handles import QueueStore, RewardScorer
+
+SCORED_FIELDS = ["group_id"]
+"""What every trajectory has once generated."""
+OPTIONAL_SCORED_FIELDS = ["reward", "is_infra"]
+"""What a trajectory has once scored (``reward``) or when infrastructure failed it (``is_infra``)."""
 
 
 def trajectory_keys(groups: list[str], n: int) -> list[str]:
     return [f"{g}/{j}" for g in groups for j in range(n)]
 
 
+def _read(tq: QueueStore, partition: str, keys: list[str]) -> list[dict[str, Any]]:
+    return tq.get(partition, keys, SCORED_FIELDS, OPTIONAL_SCORED_FIELDS)
+
+
 def groups_with_gradient(
-    tq: Any, rewards: list[Any], partition: str, groups: list[str], n: int
+    tq: QueueStore, rewards: Sequence[RewardScorer], partition: str, groups: list[str], n: int
 ) -> dict[str, bool]:
     """group -> has gradient, scoring unscored trajectories on ``rewards`` (spread across them)."""
     if not groups:
         return {}
     keys = trajectory_keys(groups, n)
-    records = call(tq, "get", partition, keys)
+    records = _read(tq, partition, keys)
     if any("reward" not in r for r in records):
         if not rewards:
             raise ValueError("the group filter needs rewards: give the buffer the reward pool")
         shards = [keys[i :: len(rewards)] for i in range(len(rewards))]
         for worker, shard in zip(rewards, shards, strict=True):
             if shard:
-                call(worker, "score", partition, shard)
-        records = call(tq, "get", partition, keys)
+                worker.score(partition, shard)
+        records = _read(tq, partition, keys)
     verdict = classify_groups(
         [float(r["reward"]) for r in records],
         [r["group_id"] for r in records],

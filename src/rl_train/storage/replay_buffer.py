@@ -28,7 +28,7 @@ from collections import Counter
 from typing import Any
 
 from rl_train.storage.group_scoring import groups_with_gradient, trajectory_keys
-from rl_train.storage.handles import call, submit, wait_all
+from rl_train.storage.handles import GeneratingReplica, Pending
 from rl_train.storage.replay_base import ReplayBufferBase
 
 PARTITION = "train"
@@ -45,13 +45,17 @@ def describe_error(exc: BaseException) -> str:
     return lines[-1].strip() if len(lines) > 1 else f"{type(exc).__name__}: {exc}"
 
 
-class ReplayBuffer(ReplayBufferBase):
+Round = list[Pending[list[str]]]
+"""The replicas' calls of one generation round, in flight."""
+
+
+class ReplayBuffer(ReplayBufferBase[GeneratingReplica]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._counts: Counter[str] = Counter()
         self._carry: list[str] = []
         """Resumed prompt groups, pending in the queue: the next draws take them first."""
-        self._prefetched: tuple[int, int, list[str], list[Any], list[str]] | None = None
+        self._prefetched: tuple[int, int, list[str], Round, list[str]] | None = None
         """(step, groups, keys, replica calls, errors) of a first round started by ``prefetch``."""
 
     def prefetch(self, num_groups: int, step: int) -> None:
@@ -144,34 +148,32 @@ class ReplayBuffer(ReplayBufferBase):
         records = {f"p{index}": dict(row, prompt_step=step) for index, row in taken}
         tags = {key: {"kind": "prompt", "status": "pending", "step": step} for key in records}
         if records:
-            call(self.tq, "put", PARTITION, records, tags)
+            self.tq.put(PARTITION, records, tags)
         return carried + list(records)
 
-    def _submit_round(self, keys: list[str]) -> tuple[list[Any], list[str]]:
+    def _submit_round(self, keys: list[str]) -> tuple[Round, list[str]]:
         """Every replica starts generating its shard; (their calls, errors raised at once)."""
         shards = [keys[i :: len(self.rollouts)] for i in range(len(self.rollouts))]
-        pending: list[Any] = []
+        pending: Round = []
         errors: list[str] = []
         for replica, shard in zip(self.rollouts, shards, strict=True):
             if shard:
-                try:  # a plain (non-Ray) replica runs, and raises, right here
-                    pending.append(
-                        submit(replica, "generate_prompts", PARTITION, shard, self.n, self.sampling)
-                    )
+                try:  # an in-process replica runs, and raises, right here
+                    pending.append(replica.start_generating(PARTITION, shard, self.n, self.sampling))
                 except Exception as exc:
                     errors.append(describe_error(exc))
         return pending, errors
 
-    def _collect_round(self, keys: list[str], pending: list[Any], errors: list[str]) -> tuple[list[str], list[str]]:
+    def _collect_round(self, keys: list[str], pending: Round, errors: list[str]) -> tuple[list[str], list[str]]:
         """Each replica's call is awaited on its own, so one failing replica does not hide the
         others' results. Returns (groups not finished, errors)."""
         errors = list(errors)
-        for ref in pending:
+        for call in pending:
             try:
-                wait_all([ref])
+                call.wait()
             except Exception as exc:  # a Ray task error, or a replica that died
                 errors.append(describe_error(exc))
-        tags = call(self.tq, "get_tags", PARTITION, keys)
+        tags = self.tq.get_tags(PARTITION, keys)
         return [k for k, t in zip(keys, tags, strict=True) if t.get("status") != "finished"], errors
 
     def _recover(self, failed: list[str], step: int) -> list[str]:
@@ -182,8 +184,8 @@ class ReplayBuffer(ReplayBufferBase):
             self._counts["evicted_failure"] += len(failed)
             self._counts["refill"] += len(failed)
             return self._put_prompts(len(failed), step)
-        call(self.tq, "delete", PARTITION, trajectory_keys(failed, self.n))
-        call(self.tq, "set_tags", PARTITION, {k: {"status": "pending", "partial": False} for k in failed})
+        self.tq.delete(PARTITION, trajectory_keys(failed, self.n))
+        self.tq.set_tags(PARTITION, {k: {"status": "pending", "partial": False} for k in failed})
         self._counts["retried_failure"] += len(failed)
         return failed
 
@@ -193,7 +195,7 @@ class ReplayBuffer(ReplayBufferBase):
         With the DAPO filter on, finished groups beyond ``num_groups`` (its over-provisioning)
         are discarded; without it they stay for the next sample.
         """
-        finished = call(self.tq, "query", PARTITION, kind="prompt", status="finished")
+        finished = self.tq.query(PARTITION, kind="prompt", status="finished")
         if len(finished) < num_groups:
             raise RuntimeError(f"replay buffer: {len(finished)} finished groups, {num_groups} requested")
         groups, surplus = finished[:num_groups], finished[num_groups:]
@@ -201,26 +203,18 @@ class ReplayBuffer(ReplayBufferBase):
             self._delete(surplus)
             self._counts["discarded_surplus"] += len(surplus)
         batch_id = f"step{step}-{uuid.uuid4().hex[:8]}"
-        call(
-            self.tq,
-            "put_batch",
-            batch_id,
-            PARTITION,
-            trajectory_keys(groups, self.n),
-            groups=groups,
-            step=step,
-        )
+        self.tq.put_batch(batch_id, PARTITION, trajectory_keys(groups, self.n), groups=groups, step=step)
         return batch_id
 
     def _delete(self, groups: list[str]) -> None:
         if groups:
-            call(self.tq, "delete", PARTITION, groups + trajectory_keys(groups, self.n))
+            self.tq.delete(PARTITION, groups + trajectory_keys(groups, self.n))
 
     def release(self, batch_id: str) -> None:
         """Forget a trained batch: its trajectories and their prompts leave the queue."""
-        batch = call(self.tq, "get_batch", batch_id, ["groups"])
-        call(self.tq, "delete", PARTITION, batch["groups"])
-        call(self.tq, "drop_batch", batch_id)
+        batch = self.tq.get_batch(batch_id, ["groups"])
+        self.tq.delete(PARTITION, batch["groups"])
+        self.tq.drop_batch(batch_id)
 
     def pop_metrics(self) -> dict[str, float]:
         """The DAPO filter's and the rollout failures' figures since the last call."""

@@ -39,11 +39,10 @@ import importlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from rl_train.storage.group_scoring import groups_with_gradient, trajectory_keys
-from rl_train.storage.handles import call, cast
+from rl_train.storage.handles import QueueingReplica
 from rl_train.storage.replay_base import ReplayBufferBase
 
 PARTITION = "train"
@@ -73,7 +72,7 @@ def load_sampler_class(spec: str) -> type:
         raise ValueError(f"replay.sampler {spec!r} cannot be loaded: {exc}") from exc
 
 
-class ReplayBufferAsync(ReplayBufferBase):
+class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._target = 0
@@ -88,8 +87,6 @@ class ReplayBufferAsync(ReplayBufferBase):
         self._failed_while_waiting = 0
         self._assigned: dict[str, int] = {}
         """prompt group -> the replica it was queued on (to re-queue it if that replica dies)."""
-        self.rescue: Callable[[list[str]], Any] | None = None
-        """Set by a mode with a spare engine: generates the given pending prompt groups now (R-2.7)."""
 
     # -- dispatch ------------------------------------------------------------------------
     def dispatch(self, num_groups: int, step: int) -> list[str]:
@@ -98,7 +95,7 @@ class ReplayBufferAsync(ReplayBufferBase):
         return self._top_up(step)
 
     def _outstanding(self) -> list[str]:
-        return [k for k in call(self.tq, "query", PARTITION, kind="prompt") if k not in self._sampled]
+        return [k for k in self.tq.query(PARTITION, kind="prompt") if k not in self._sampled]
 
     def _top_up(self, step: int) -> list[str]:
         missing = self._target - len(self._outstanding())
@@ -109,7 +106,7 @@ class ReplayBufferAsync(ReplayBufferBase):
         index, row = self.loader.next()
         key = f"p{index}"
         tags = {"kind": "prompt", "status": "pending", "step": step, "version": step - 1}
-        call(self.tq, "put", PARTITION, {key: dict(row, prompt_step=step)}, {key: tags})
+        self.tq.put(PARTITION, {key: dict(row, prompt_step=step)}, {key: tags})
         if enqueue:
             self._enqueue(key)
         self._counts["dispatched"] += 1
@@ -119,7 +116,7 @@ class ReplayBufferAsync(ReplayBufferBase):
         index = self._next_replica % len(self.rollouts)
         self._next_replica += 1
         self._assigned[key] = index
-        cast(self.rollouts[index], "enqueue", PARTITION, [key], self.n, self.sampling)
+        self.rollouts[index].enqueue(PARTITION, [key], self.n, self.sampling)
 
     def _check_replicas(self) -> None:
         """A replica that died lost the prompts queued on it: once it is back (``revive``),
@@ -131,12 +128,10 @@ class ReplayBufferAsync(ReplayBufferBase):
             return
         self._counts["revived_replicas"] += len(restarted)
         lost = [k for k in self._outstanding() if self._assigned.get(k) in restarted]
-        tags = call(self.tq, "get_tags", PARTITION, lost)
+        tags = self.tq.get_tags(PARTITION, lost)
         for key, tag in zip(lost, tags, strict=True):
             if tag["status"] in ("pending", "running"):
-                existing = set(call(self.tq, "query", PARTITION, group_id=key))
-                call(self.tq, "delete", PARTITION, [k for k in trajectory_keys([key], self.n) if k in existing])
-                call(self.tq, "set_tags", PARTITION, {key: {"status": "pending", "partial": False}})
+                self._reset(key)
                 self._enqueue(key)
                 self._counts["requeued_lost"] += 1
 
@@ -174,7 +169,7 @@ class ReplayBufferAsync(ReplayBufferBase):
         self._depth = len(ready) - num_groups
         keys = trajectory_keys(groups, self.n)
         batch_id = f"step{step}-{uuid.uuid4().hex[:8]}"
-        call(self.tq, "put_batch", batch_id, PARTITION, keys, groups=groups, step=step)
+        self.tq.put_batch(batch_id, PARTITION, keys, groups=groups, step=step)
         return batch_id
 
     def _should_rescue(self, waited: float, rescued: bool) -> bool:
@@ -192,7 +187,7 @@ class ReplayBufferAsync(ReplayBufferBase):
     def _scan(self, step: int) -> tuple[list[str], bool]:
         """Evict what must go, refill it, and return (sampleable groups oldest first, blocked)."""
         keys = self._outstanding()
-        tags = call(self.tq, "get_tags", PARTITION, keys)
+        tags = self.tq.get_tags(PARTITION, keys)
         trainer_version = step - 1
         limit = self.cfg.max_off_policy_threshold
         finished, failed, blocked = [], [], False
@@ -221,7 +216,7 @@ class ReplayBufferAsync(ReplayBufferBase):
         """Oldest token version of each finished group (from its trajectories' version tags)."""
         new = [g for g in groups if g not in self._versions]
         if new:
-            tags = call(self.tq, "get_tags", PARTITION, trajectory_keys(new, self.n))
+            tags = self.tq.get_tags(PARTITION, trajectory_keys(new, self.n))
             for i, group in enumerate(new):
                 self._versions[group] = min(t["version"] for t in tags[i * self.n : (i + 1) * self.n])
         return {g: self._versions[g] for g in groups}
@@ -247,16 +242,20 @@ class ReplayBufferAsync(ReplayBufferBase):
         if self.cfg.refill_failed_groups:
             return self._evict(groups, "failure")
         for group in groups:
-            existing = set(call(self.tq, "query", PARTITION, group_id=group))
-            call(self.tq, "delete", PARTITION, [k for k in trajectory_keys([group], self.n) if k in existing])
-            call(self.tq, "set_tags", PARTITION, {group: {"status": "pending", "partial": False}})
+            self._reset(group)
             self._enqueue(group)
             self._counts["retried_failure"] += 1
         return 0
 
+    def _reset(self, group: str) -> None:
+        """The group back to pending, without the trajectories a failed or lost attempt wrote."""
+        existing = set(self.tq.query(PARTITION, group_id=group))
+        self.tq.delete(PARTITION, [k for k in trajectory_keys([group], self.n) if k in existing])
+        self.tq.set_tags(PARTITION, {group: {"status": "pending", "partial": False}})
+
     def _evict(self, groups: list[str], reason: str) -> int:
         if groups:
-            call(self.tq, "delete", PARTITION, groups + trajectory_keys(groups, self.n))
+            self.tq.delete(PARTITION, groups + trajectory_keys(groups, self.n))
             for group in groups:
                 self._versions.pop(group, None)
                 self._has_gradient.pop(group, None)
@@ -266,9 +265,9 @@ class ReplayBufferAsync(ReplayBufferBase):
     # -- after training ------------------------------------------------------------------
     def release(self, batch_id: str) -> None:
         """Forget a trained batch: its trajectories and prompts leave the queue."""
-        batch = call(self.tq, "get_batch", batch_id, ["groups"])
-        call(self.tq, "delete", PARTITION, batch["groups"])
-        call(self.tq, "drop_batch", batch_id)
+        batch = self.tq.get_batch(batch_id, ["groups"])
+        self.tq.delete(PARTITION, batch["groups"])
+        self.tq.drop_batch(batch_id)
         for group in batch["groups"]:
             self._sampled.discard(group)
             self._assigned.pop(group, None)
@@ -285,8 +284,7 @@ class ReplayBufferAsync(ReplayBufferBase):
             "replay/sample_wait_seconds": self._wait_seconds,
         }
         names = ("evicted_staleness", "evicted_filter", "evicted_failure", "refill", "retried_failure")
-        names += ("requeued_lost",)
-        for name in (*names, "rescue_activations", "rescue_groups"):
+        for name in (*names, "requeued_lost", "rescue_activations", "rescue_groups"):
             metrics[f"replay/{name}"] = float(self._counts[name])
         metrics["rollout/revived_replicas"] = float(self._counts["revived_replicas"])
         for value in range(max(stale) + 1):

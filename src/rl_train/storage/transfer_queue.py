@@ -55,24 +55,33 @@ class TransferQueue:
         return len(records)
 
     def get(
-        self, partition: str, keys: list[str], field_names: list[str] | None = None
+        self,
+        partition: str,
+        keys: list[str],
+        field_names: list[str] | None = None,
+        optional_fields: list[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Records of ``keys`` in order; only ``field_names`` when given. A missing field raises."""
+        """Records of ``keys`` in order; only ``field_names`` when given (a missing one raises),
+        plus those of ``optional_fields`` that a record has. Choosing fields keeps what crosses
+        to the caller (an actor call's reply) to what it reads."""
         fields, _ = self._partition(partition)
         out = []
         for key in keys:
             record = fields.get(key)
             if record is None:
                 raise KeyError(f"TransferQueue partition {partition!r} has no record {key!r}")
-            if field_names is None:
+            if field_names is None and optional_fields is None:
                 out.append(dict(record))
                 continue
-            missing = [f for f in field_names if f not in record]
+            required = field_names or []
+            missing = [f for f in required if f not in record]
             if missing:
                 raise KeyError(
                     f"record {key!r} in {partition!r} lacks field(s) {missing}; it has {sorted(record)}"
                 )
-            out.append({f: record[f] for f in field_names})
+            chosen = {f: record[f] for f in required}
+            chosen.update((f, record[f]) for f in optional_fields or [] if f in record)
+            out.append(chosen)
         return out
 
     def delete(self, partition: str, keys: Iterable[str]) -> int:

@@ -11,6 +11,7 @@ The driver's own state (replay buffer, pending push) is the flow's ``RunContext`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rl_train.config import Config
@@ -32,7 +33,8 @@ class RunHandle:
     def val_prompts(self) -> list[dict[str, Any]]:
         """The validation prompts, read from the configured files on first use."""
         if self._val_prompts is None:
-            self._val_prompts = load_prompts(self.config.data.resolved_val_files())
+            files: list[str | Path] = [*self.config.data.resolved_val_files()]
+            self._val_prompts = load_prompts(files)
         return self._val_prompts
 
 

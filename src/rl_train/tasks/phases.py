@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from rl_train.engines.workers.pools import PendingPush
+from rl_train.engines.workers.weight_sync_link import PendingPush
 from rl_train.tasks.context import join_run
 from rl_train.tasks.retry import phase_task, retrying_phase_task
 
@@ -45,14 +45,15 @@ def greedy_baseline(run_id: str, batch_id: str) -> dict[str, float]:
 def reward(run_id: str, batch_id: str) -> dict[str, float]:
     """(2) Score every trajectory of the batch on the reward pool."""
     pools = join_run(run_id).pools
-    scores = pools.score("train", pools.batch(batch_id, ["keys"])["keys"])
+    scores = pools.reward.score("train", pools.queue.batch(batch_id, ["keys"])["keys"])
     return {"reward/mean": sum(scores) / max(len(scores), 1), "reward/max": max(scores, default=0.0)}
 
 
 @retrying_phase_task(name="balance")
 def balance(run_id: str, batch_id: str) -> dict[str, float]:
     """(3) Split the batch across DP ranks with even token counts (in the queue actor)."""
-    return join_run(run_id).pools.balance(batch_id)
+    pools = join_run(run_id).pools
+    return pools.queue.balance(batch_id, pools.trainer.num_shards)
 
 
 @retrying_phase_task(name="old_log_prob")
@@ -61,34 +62,39 @@ def old_log_prob(run_id: str, batch_id: str) -> dict[str, float]:
     with ``bypass_current_version``, copied for the trajectories pi_old's weights sampled and
     recomputed for the rest."""
     run = join_run(run_id)
-    correction = run.config.algorithm.rollout_correction
+    pools, correction = run.pools, run.config.algorithm.rollout_correction
     if correction.bypass_mode:
-        run.pools.copy_rollout_log_probs(batch_id)
+        pools.queue.copy_rollout_log_probs(batch_id)
         return {}
-    shards, metrics = None, {}
-    if correction.bypass_current_version:
-        shards, metrics = run.pools.copy_current_log_probs(batch_id)
-    run.pools.compute_log_probs(batch_id, "old_log_probs", reference=False, shards=shards)
+    metrics: dict[str, float] = {}
+    if correction.bypass_current_version:  # the shards left to recompute
+        shards, metrics = pools.queue.copy_current_log_probs(batch_id)
+    else:
+        shards = pools.queue.batch(batch_id, ["shards"])["shards"]
+    pools.trainer.compute_log_probs(shards, "old_log_probs", reference=False)
     return metrics
 
 
 @retrying_phase_task(name="ref")
 def ref(run_id: str, batch_id: str) -> None:
     """(5) Reference log-probs for the KL penalty."""
-    join_run(run_id).pools.compute_log_probs(batch_id, "ref_log_probs", reference=True)
+    pools = join_run(run_id).pools
+    shards = pools.queue.batch(batch_id, ["shards"])["shards"]
+    pools.trainer.compute_log_probs(shards, "ref_log_probs", reference=True)
 
 
 @retrying_phase_task(name="values")
 def values(run_id: str, batch_id: str) -> None:
     """(6) Critic values V_old of every response token, on the critic pool (when the run has a critic)."""
-    join_run(run_id).pools.compute_values(batch_id)
+    pools = join_run(run_id).pools
+    pools.critic.compute_values(pools.queue.batch(batch_id, ["keys"])["keys"])
 
 
 @phase_task(name="advantage")
 def advantage(run_id: str, batch_id: str) -> dict[str, float]:
     """(6-7) Rollout correction (IS/RS, ``rollout_corr/*``), token rewards (+ in-reward KL),
     advantages: computed in the queue actor, where the records are."""
-    return join_run(run_id).pools.compute_advantages(batch_id)
+    return join_run(run_id).pools.queue.compute_advantages(batch_id)
 
 
 @phase_task(name="critic_update")
@@ -97,8 +103,8 @@ def critic_update(run_id: str, batch_id: str) -> dict[str, float]:
     critic rank; the metrics (``critic/*``) are the mean over ranks."""
     run = join_run(run_id)
     mini = run.config.critic.ppo_mini_batch_size
-    num_groups = len(run.pools.batch(batch_id, ["groups"])["groups"])
-    return run.pools.update_critic(batch_id, num_groups // mini if mini else 1)
+    batch = run.pools.queue.batch(batch_id, ["groups", "keys"])
+    return run.pools.critic.update(batch["keys"], len(batch["groups"]) // mini if mini else 1)
 
 
 @phase_task(name="update")
@@ -107,14 +113,14 @@ def update(run_id: str, batch_id: str) -> dict[str, float]:
     the metrics are the mean over ranks."""
     run = join_run(run_id)
     mini = run.config.actor.ppo_mini_batch_size
-    num_groups = len(run.pools.batch(batch_id, ["groups"])["groups"])
-    return run.pools.update(batch_id, num_groups // mini if mini else 1)
+    batch = run.pools.queue.batch(batch_id, ["groups", "shards"])
+    return run.pools.trainer.update(batch["shards"], len(batch["groups"]) // mini if mini else 1)
 
 
 @phase_task(name="weight_sync")
 def weight_sync(run_id: str, version: int) -> dict[str, float]:
     """Push the trained weights to the rollout pool as ``version`` and wait (R-8.5)."""
-    return join_run(run_id).pools.sync_weights(version)
+    return join_run(run_id).pools.weight_sync.sync(version)
 
 
 @phase_task(name="weight_sync")
@@ -126,25 +132,26 @@ def push_weights(
     The previous push is awaited first (at most one in flight); its metrics are returned with
     the new push, which runs beside the next step's training."""
     metrics = previous.wait() if previous is not None else {}
-    return join_run(run_id).pools.start_weight_sync(version), metrics
+    return join_run(run_id).pools.weight_sync.start_push(version), metrics
 
 
 @phase_task(name="validate")
 def validate(run_id: str, step: int) -> dict[str, float]:
     """Greedy (val_temperature) answers to every validation prompt, scored; nothing is kept."""
     run = join_run(run_id)
+    pools, queue = run.pools, run.pools.queue.records
     records = {f"v{step}-{i}": dict(row) for i, row in enumerate(run.val_prompts)}
     tags = {k: {"kind": "prompt", "status": "pending"} for k in records}
-    run.pools.put_records("val", records, tags)
+    queue.put("val", records, tags)
     params: dict[str, Any] = {
         "temperature": run.config.rollout.val_temperature,
         "top_p": 1.0,
         "max_new_tokens": run.config.rollout.max_new_tokens,
     }
     keys = list(records)
-    trajectories = run.pools.generate("val", keys, 1, params)
-    scores = run.pools.score("val", trajectories)
-    run.pools.delete_records("val", keys + trajectories)
+    trajectories = pools.rollout.generate("val", keys, 1, params)
+    scores = pools.reward.score("val", trajectories)
+    queue.delete("val", keys + trajectories)
     return {"val/reward_mean": sum(scores) / max(len(scores), 1)}
 
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
 from rl_train.engines.workers.errors import is_transient
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 RETRIES = 2
 RETRY_DELAYS_SECONDS = [1.0, 4.0]
@@ -35,15 +38,22 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return error is not None and is_transient(error)
 
 
-phase_task = task(cache_policy=NO_CACHE, persist_result=False)
-"""Results are keys and small dicts: nothing to cache or persist (Prefect stays cheap)."""
-retrying_phase_task = task(
-    cache_policy=NO_CACHE,
-    persist_result=False,
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS_SECONDS,
-    retry_condition_fn=retry_transient,
-)
+def phase_task(name: str) -> Callable[[Callable[P, R]], Task[P, R]]:
+    """A phase that is never retried within its step. Its results are keys and small dicts:
+    nothing to cache or persist (Prefect stays cheap)."""
+    return task(name=name, cache_policy=NO_CACHE, persist_result=False)
+
+
+def retrying_phase_task(name: str) -> Callable[[Callable[P, R]], Task[P, R]]:
+    """A phase whose second try cannot change the first's result: retried on a transient error."""
+    return task(
+        name=name,
+        cache_policy=NO_CACHE,
+        persist_result=False,
+        retries=RETRIES,
+        retry_delay_seconds=RETRY_DELAYS_SECONDS,
+        retry_condition_fn=retry_transient,
+    )
 
 
 def call_with_retries(fn: Callable[..., Any], args: tuple[Any, ...], retries: int, sleep: Callable[[float], None] = time.sleep) -> Any:

@@ -2,7 +2,7 @@
 
 A worker's heavy parts (an import of torch's compiler, the advantage phase, which imports
 torch) need not delay the moment its pool is ready: the first batch is generated before they
-are used. ``start`` is called once the pools are up (``WorkerPools.warm_up``); ``get`` builds
+are used. ``start`` is called once the pools are up (``QueuePool.warm_up``); ``get`` builds
 on the spot if nothing started it, and re-raises what the build raised.
 """
 

@@ -1,8 +1,9 @@
 """A run's actors between being asked for and being ready (``WorkerPools.launch``).
 
-``LaunchedPools.ready`` waits for them, joins each multi-rank pool at its rank 0's address
-and opens the weight sync; ``abandon`` kills them. Either way, a failure leaves no actor,
-placement group or weight-sync endpoint behind.
+``ActorLauncher`` asks Ray for each actor and remembers it, so that a launch that fails half-way
+kills what it asked for. ``LaunchedPools.ready`` waits for the actors, joins each multi-rank pool
+at its rank 0's address and opens the weight sync; ``abandon`` kills them. Either way, a failure
+leaves no actor, placement group or weight-sync endpoint behind.
 """
 
 from __future__ import annotations
@@ -15,9 +16,47 @@ import ray
 from ray.util.placement_group import remove_placement_group
 
 from rl_train import startup_clock
+from rl_train.engines.workers.named_actor import NamedActor
+from rl_train.engines.workers.pending import Actor
 
 if TYPE_CHECKING:
+    from rl_train.engines.weight_sync.config import WeightSyncConfig
     from rl_train.engines.workers.pools import WorkerPools
+
+
+@dataclass
+class ActorLauncher:
+    """Creates a run's actors in its namespace, each named, and remembers every one created."""
+
+    namespace: str
+    created: list[Actor] = field(default_factory=list)
+
+    def start(
+        self,
+        actor_cls: type,
+        name: str,
+        arguments: dict[str, Any],
+        concurrency_groups: dict[str, int] | None = None,
+        **options: Any,
+    ) -> Actor:
+        """Ask Ray for actor ``name`` of ``actor_cls``, constructed with the keyword
+        ``arguments``; ``options`` are Ray's (GPUs, placement, restarts). The actor reserves no
+        CPU (the pools share the machine's cores) and lives as long as the driver."""
+        remote_cls: ray.actor.ActorClass[Any]
+        if concurrency_groups:  # a decorator option only: ``.options()`` refuses it
+            decorator: dict[str, Any] = {"concurrency_groups": concurrency_groups}
+            remote_cls = ray.remote(**decorator)(actor_cls)
+        else:
+            remote_cls = ray.remote(actor_cls)
+        handle = remote_cls.options(
+            name=name, namespace=self.namespace, num_cpus=0, lifetime=None, **options
+        ).remote(**arguments)
+        self.created.append(handle)
+        return handle
+
+    def by_name(self, name: str) -> NamedActor:
+        """``name`` as an actor Ray may restart is given it (see ``named_actor``)."""
+        return NamedActor(name, self.namespace)
 
 
 @dataclass
@@ -25,9 +64,9 @@ class LaunchedPools:
     """A run's actors as ``WorkerPools.launch`` asked for them: starting, not yet waited for."""
 
     pools: WorkerPools
-    weight_sync: Any
+    weight_sync: WeightSyncConfig
     """The run's ``rollout.weight_sync`` section, opened once the actors are up."""
-    created: list[Any]
+    created: list[Actor]
     groups: list[Any]
     _done: bool = field(default=False, repr=False)
 
@@ -40,17 +79,16 @@ class LaunchedPools:
         self._done = True
         pools = self.pools
         try:
-            for ranks in (pools.trainers, pools.critics):  # each pool meets on its rank 0's node
-                if len(ranks) > 1:
-                    address = ray.get(ranks[0].rendezvous_address.remote())
-                    ray.get([rank.start.remote(address) for rank in ranks])
-            pools._incarnations = ray.get([r.incarnation.remote() for r in pools.rollouts])
+            pools.trainer.meet()  # each pool meets on its rank 0's node
+            pools.critic.meet()
+            pools.rollout.remember_incarnations()
             startup_clock.mark("rollout_ready")
-            pools._dp_ranks = ray.get([t.data_parallel_rank.remote() for t in pools.trainers])
-            ray.get([t.ping.remote() for t in (*pools.trainers, *pools.critics)])
+            pools.trainer.read_data_parallel_ranks()
+            pools.trainer.ping()
+            pools.critic.ping()
             startup_clock.mark("trainer_ready")
-            pools.open_weight_sync(self.weight_sync)
-            pools.warm_up()
+            pools.weight_sync.open(self.weight_sync)
+            pools.queue.warm_up()
             return pools
         except BaseException:
             kill_launched(pools, self.created, self.groups)
@@ -63,7 +101,7 @@ class LaunchedPools:
             kill_launched(self.pools, self.created, self.groups)
 
 
-def kill_launched(pools: WorkerPools | None, created: list[Any], groups: list[Any]) -> None:
+def kill_launched(pools: WorkerPools | None, created: list[Actor], groups: list[Any]) -> None:
     """Close what weight sync opened, kill every actor asked for and remove the placement groups."""
     if pools is not None:
         pools.shutdown()  # closes the sender and receivers opened so far, then kills
