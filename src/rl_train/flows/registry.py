@@ -7,12 +7,22 @@ mode's class here. Nothing registers itself when a flow module is imported.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rl_train.modes import MODES
 
+if TYPE_CHECKING:
+    from rl_train.flows.base import BaseTrainer
 
-def get_trainer_class(name: str) -> type:
+
+def get_trainer_class(name: str) -> type[BaseTrainer]:
     """The trainer class of mode ``name``; an unknown name lists the modes."""
-    return MODES.get(name)
+    trainer = MODES.get(name)
+    from rl_train.flows.base import BaseTrainer
+
+    if not (isinstance(trainer, type) and issubclass(trainer, BaseTrainer)):
+        raise TypeError(f"trainer mode {name!r} names {trainer!r}, which is not a BaseTrainer subclass")
+    return trainer
 
 
 def trainer_modules() -> tuple[str, ...]:
