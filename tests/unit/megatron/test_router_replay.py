@@ -81,7 +81,7 @@ def test_routes_captured_by_rollout_give_the_rollout_log_probs_in_training(tiny_
     training engine routed by them scores the sampled tokens as rollout did."""
     from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
     from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
-    from rl_train.engines.workers.trainer_worker import collate_routes
+    from rl_train.engines.training.router_replay import collate_routes
     from rl_train.storage.records import scatter_response
 
     rollout = TorchRolloutEngine(tiny_moe_dir, seed=0)
