@@ -30,7 +30,7 @@ class WrappedRolloutEngine:
     are looked up at each call, so that a test may replace one on the engine after wrapping."""
 
     def __init__(self, engine: RolloutEngine) -> None:
-        self._engine = engine
+        self._engine: RolloutEngine = engine
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:

@@ -226,7 +226,7 @@ class TrainerWorker:
             raise KeyError(
                 f"update needs per-token field(s) {missing}; the earlier phases did not write them"
             )
-        replay = self.router_replay
+        replay: RouterReplay = self.router_replay
         replay.check_update_records(records)
         fields += [f for f in OPTIONAL_TOKEN_FIELDS if records and f in records[0]]
         sums: dict[str, float] = {}
