@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 import inspect
 import typing
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,29 +118,42 @@ def _key(expr: ast.expr, typed: dict[str, type]) -> str | None:
     return key if key in typed else None
 
 
+def _check_attribute(node: ast.Attribute, typed: dict[str, type], report: Report) -> None:
+    key = _key(node.value, typed)
+    if key is None:
+        return
+    protocol = typed[key]
+    if node.attr in members(protocol):
+        report.used.add(f"{protocol.__name__}.{node.attr}")
+    else:
+        report.problems.append(f"line {node.lineno}: {key}.{node.attr} is not a member of {protocol.__name__}")
+
+
+def _check_call(node: ast.Call, typed: dict[str, type], report: Report) -> None:
+    func = node.func
+    if isinstance(func, ast.Name) and func.id in PROBES and node.args:
+        key = _key(node.args[0], typed)
+        if key is not None:
+            report.problems.append(f"line {node.lineno}: {func.id}({key}, ...) probes a {typed[key].__name__}")
+    if not isinstance(func, ast.Attribute) or (key := _key(func.value, typed)) is None:
+        return
+    member = getattr(typed[key], func.attr, None)
+    if not callable(member):
+        return
+    accepted = inspect.signature(member).parameters
+    for keyword in node.keywords:
+        if keyword.arg is not None and keyword.arg not in accepted:
+            report.problems.append(f"line {node.lineno}: {typed[key].__name__}.{func.attr} declares no keyword {keyword.arg!r}")
+
+
 def _check_uses(scope: ast.AST, typed: dict[str, type], report: Report, skip: set[int]) -> None:
     for node in ast.walk(scope):
         if id(node) in skip:
             continue
-        if isinstance(node, ast.Attribute) and (key := _key(node.value, typed)) is not None:
-            protocol = typed[key]
-            if node.attr in members(protocol):
-                report.used.add(f"{protocol.__name__}.{node.attr}")
-            else:
-                report.problems.append(f"line {node.lineno}: {key}.{node.attr} is not a member of {protocol.__name__}")
-        if not isinstance(node, ast.Call):
-            continue
-        if isinstance(node.func, ast.Name) and node.func.id in PROBES and node.args:
-            if (key := _key(node.args[0], typed)) is not None:
-                report.problems.append(f"line {node.lineno}: {node.func.id}({key}, ...) probes a {typed[key].__name__}")
-        if isinstance(node.func, ast.Attribute) and (key := _key(node.func.value, typed)) is not None:
-            member = getattr(typed[key], node.func.attr, None)
-            accepted = inspect.signature(member).parameters if callable(member) else {}
-            for keyword in node.keywords:
-                if callable(member) and keyword.arg is not None and keyword.arg not in accepted:
-                    report.problems.append(
-                        f"line {node.lineno}: {typed[key].__name__}.{node.func.attr} declares no keyword {keyword.arg!r}"
-                    )
+        if isinstance(node, ast.Attribute):
+            _check_attribute(node, typed, report)
+        elif isinstance(node, ast.Call):
+            _check_call(node, typed, report)
 
 
 def check_source(source: str, known: dict[str, dict[str, str]] | None = None) -> Report:

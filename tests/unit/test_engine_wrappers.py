@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 
-from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
+from rl_train.engines.rollout.protocol import (
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    SamplingParams,
+)
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
 from rl_train.engines.workers.generation_loop import GatedEngine, GenerationLoop
 from rl_train.engines.workers.turn_taking import TurnTakingEngine
