@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_train.engines.agent.chat import generation_spans
 from rl_train.engines.agent.loop import AgentTrajectory
 from rl_train.engines.agent.registry import Start
 
@@ -19,6 +20,18 @@ Record = dict[str, Any]
 FINISHED = {"status": "finished", "partial": False}
 SINGLE_TURN = "single_turn"
 """The one agent loop that continues a partial trajectory from its tokens (the others start afresh)."""
+
+
+def agent_fields(trajectory: AgentTrajectory) -> dict[str, Any]:
+    """What a multi-turn trajectory adds to its record (R-5.6): which tokens the model generated
+    (the mask, and its turns as ``[start, end)`` spans of the response), its turn count and its
+    tool calls as ``[name, error, seconds]``."""
+    return {
+        "response_mask": list(trajectory.response_mask),
+        "generation_spans": generation_spans(list(trajectory.response_mask)),
+        "agent_turns": trajectory.turns,
+        "tool_calls": [[call.name, call.error, call.seconds] for call in trajectory.tool_calls],
+    }
 
 
 def group_of(request_id: str) -> str:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from rl_train.engines.agent.chat import generation_spans
 from rl_train.engines.agent.config import AgentConfig
 from rl_train.engines.agent.loop import AgentTrajectory
 from rl_train.engines.agent.registry import AGENT_LOOPS, Start
@@ -21,7 +20,14 @@ from rl_train.engines.workers.generation_loop import GatedEngine, GenerationLoop
 from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory, release_freed_memory
 from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.engines.workers.placement import check_device
-from rl_train.engines.workers.rollout_batch import FINISHED, SINGLE_TURN, Record, RolloutBatch, group_of
+from rl_train.engines.workers.rollout_batch import (
+    FINISHED,
+    SINGLE_TURN,
+    Record,
+    RolloutBatch,
+    agent_fields,
+    group_of,
+)
 from rl_train.engines.workers.turn_taking import TurnTakingEngine
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
@@ -43,18 +49,6 @@ def _import_engine_side() -> None:
 
     from rl_train.engines.weight_sync.boundaries import run_receiver
     from rl_train.engines.workers.checkpoint_io import rng_state, set_rng_state
-
-
-def agent_fields(trajectory: AgentTrajectory) -> dict[str, Any]:
-    """What a multi-turn trajectory adds to its record (R-5.6): which tokens the model generated
-    (the mask, and its turns as ``[start, end)`` spans of the response), its turn count and its
-    tool calls as ``[name, error, seconds]``."""
-    return {
-        "response_mask": list(trajectory.response_mask),
-        "generation_spans": generation_spans(list(trajectory.response_mask)),
-        "agent_turns": trajectory.turns,
-        "tool_calls": [[call.name, call.error, call.seconds] for call in trajectory.tool_calls],
-    }
 
 
 class RolloutWorker:
