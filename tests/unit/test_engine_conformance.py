@@ -92,9 +92,7 @@ def _engine_options(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     OPTIONS.clear()
     while _BUILT:
-        close = getattr(_BUILT.pop(), "close", None)
-        if close is not None:
-            close()
+        _BUILT.pop().close()
 
 
 def rollout_engine(name: str, model_dir, seed: int = 0) -> RolloutEngine:

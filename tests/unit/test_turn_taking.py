@@ -16,6 +16,9 @@ GREEDY = SamplingParams(0.0, 1.0, 4)
 
 
 class CountingEngine:
+    kv_reused_tokens = 0
+    """An engine that keeps no keys and values between turns."""
+
     def __init__(self) -> None:
         self.inside = 0
         self.most_inside = 0
@@ -59,16 +62,18 @@ def test_loops_take_turns_and_each_gets_its_own_results() -> None:
 
 def test_the_context_kept_keys_spared_is_counted_since_the_last_pop() -> None:
     engine = CountingEngine()
-    engine.kept = type("Kept", (), {"reused_tokens": 40})()  # type: ignore[attr-defined]
+    engine.kv_reused_tokens = 40
     turns = TurnTakingEngine(engine)  # what was reused before it wrapped the engine is not this step's
-    engine.kept.reused_tokens += 25  # type: ignore[attr-defined]
+    engine.kv_reused_tokens += 25
     assert turns.pop_counts()["kv_reused_tokens"] == 25
-    engine.kept.reused_tokens += 5  # type: ignore[attr-defined]
+    engine.kv_reused_tokens += 5
     assert turns.pop_counts()["kv_reused_tokens"] == 5 and turns.pop_counts()["kv_reused_tokens"] == 0
 
 
 def test_a_failed_call_still_counts_and_frees_the_engine() -> None:
     class Failing:
+        kv_reused_tokens = 0
+
         def generate(self, requests: list[str], params: SamplingParams) -> list[str]:
             raise RuntimeError("engine down")
 
@@ -81,6 +86,8 @@ def test_a_failed_call_still_counts_and_frees_the_engine() -> None:
 
 class GatedEngine:
     """Holds its first batch until ``release`` is set; records every batch it ran."""
+
+    kv_reused_tokens = 0
 
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -149,6 +156,8 @@ def test_a_bad_request_fails_its_own_call_only() -> None:
 
 def test_an_engine_that_answers_the_wrong_count_fails_the_call() -> None:
     class Short:
+        kv_reused_tokens = 0
+
         def generate(self, requests: list[str], params: SamplingParams) -> list[str]:
             return requests[:-1]
 

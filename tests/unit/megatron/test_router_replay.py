@@ -4,6 +4,7 @@ router replay (R-4.8, R2): the routes a pass records route a later pass exactly.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,9 +19,9 @@ from rl_train.engines.training.registry import build_training_engine  # noqa: E4
 from rl_train.storage.records import collate  # noqa: E402
 
 
-def _batch() -> dict[str, torch.Tensor]:
+def _records() -> list[dict[str, Any]]:
     generator = torch.Generator().manual_seed(4)
-    records = [
+    return [
         {
             "prompt_ids": [1, *torch.randint(3, 91, (3 + i % 3,), generator=generator).tolist()],
             "response_ids": torch.randint(3, 91, (4 + i,), generator=generator).tolist(),
@@ -29,7 +30,10 @@ def _batch() -> dict[str, torch.Tensor]:
         }
         for i in range(6)
     ]
-    return collate(records, 0, ["old_log_probs", "advantages"])
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    return collate(_records(), 0, ["old_log_probs", "advantages"])
 
 
 def test_an_moe_policy_gives_the_hf_log_probs_and_exports_the_hf_weights(tiny_moe_dir: Path) -> None:
@@ -81,7 +85,7 @@ def test_routes_captured_by_rollout_give_the_rollout_log_probs_in_training(tiny_
     training engine routed by them scores the sampled tokens as rollout did."""
     from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
     from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
-    from rl_train.engines.workers.trainer_worker import collate_routes
+    from rl_train.engines.training.router_replay import collate_routes
     from rl_train.storage.records import scatter_response
 
     rollout = TorchRolloutEngine(tiny_moe_dir, seed=0)
@@ -99,3 +103,34 @@ def test_routes_captured_by_rollout_give_the_rollout_log_probs_in_training(tiny_
     replayed = scatter_response(engine.compute_log_probs(batch)["log_probs"], records)
     for result, log_probs in zip(results, replayed, strict=True):
         torch.testing.assert_close(torch.tensor(log_probs), torch.tensor(result.log_probs), atol=1e-5, rtol=0)
+
+
+def test_r2_routes_written_by_old_log_prob_route_the_update(tiny_moe_dir: Path) -> None:
+    """The strategy end to end: r2's old_log_prob pass writes each trajectory its experts; the
+    update's mini-batch, collated from the stored records, carries them back exactly (a pass
+    routed by them scores as pi_old's did, bit for bit), and once the routers have moved, the
+    update still routes by pi_old's experts rather than today's."""
+    from rl_train.engines.training.router_replay import REPLAYED_TOKENS_METRIC, build_router_replay
+
+    engine = build_training_engine("megatron", tiny_moe_dir, ActorConfig(engine="megatron"), 10, 1.0, 0)
+    replay = build_router_replay("r2", engine, "megatron")
+    rows = _records()
+    old, written = replay.old_log_probs(engine, collate(rows, 0), rows)
+    stored = [{**r, **w} for r, w in zip(rows, written, strict=True)]
+    assert [len(s["routes"]) for s in stored] == [len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows]
+    update = collate(stored, 0, ["old_log_probs", "advantages"])
+    replay.check_update_records(stored)
+    replay.route_update(update, stored)
+    real = update["attention_mask"].bool()  # (padding is routed to experts 0..k-1 now: its outputs feed nothing)
+    assert torch.equal(engine.compute_log_probs(update)["log_probs"][real], old[real])
+    with torch.no_grad():  # as an update moves them
+        for layer in engine.module.decoder.layers:
+            layer.mlp.router.weight.add_(torch.randn_like(layer.mlp.router.weight) * 3)
+    fresh = engine.compute_log_probs(collate(rows, 0), record_routes=True)
+    assert (fresh["routes"][real] != update["routes"][real]).any()
+    replayed = engine.compute_log_probs(update)["log_probs"]
+    assert not torch.equal(replayed[real], fresh["log_probs"][real])
+    metrics = engine.train_batch(update, build_actor_loss_fn(ActorConfig()))
+    assert torch.isfinite(torch.tensor(metrics["actor/loss"]))
+    tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+    assert replay.update_metrics([update], 2) == {REPLAYED_TOKENS_METRIC: 2.0 * tokens}

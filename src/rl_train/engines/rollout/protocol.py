@@ -1,9 +1,14 @@
 """What every rollout engine offers (R-5.2, R-5.3), and the records it returns.
 
-``RolloutEngine`` lists exactly what the rollout worker and a weight sync call on an engine,
-plus ``export_weights``, with which the conformance suite (tests/unit/test_engine_conformance.py)
-reads back what a sync loaded. An engine joins by being registered in
-``rl_train.engines.rollout.registry``; that suite then checks its behaviour, not its shape.
+``RolloutEngine`` lists everything the rollout worker, its wrappers (``generation_loop``,
+``turn_taking``), the agent loops and a weight sync call on an engine, plus ``export_weights``,
+with which the conformance suite (tests/unit/test_engine_conformance.py) reads back what a sync
+loaded; tests/unit/test_engine_contracts.py fails when a worker reaches for a member that is not
+declared here. What an engine may lack is declared as a member that says so
+(``kv_reused_tokens`` is 0 for an engine that keeps nothing), or as a small runtime-checkable
+Protocol (``SparseWeightUpdates``), never found out by probing. An engine joins by being
+registered in ``rl_train.engines.rollout.registry``; that suite then checks its behaviour, not
+its shape.
 """
 
 from __future__ import annotations
@@ -129,6 +134,18 @@ class RolloutEngine(Protocol):
         ...
 
     def load_sampling_state(self, state: torch.Tensor) -> None: ...
+
+    @property
+    def kv_reused_tokens(self) -> int:
+        """Context tokens so far whose keys and values the engine kept from an earlier call
+        (``GenerationRequest.keep_kv``) instead of prefilling them again: a running count, read
+        as differences (the replica's ``rollout/kv_reused_tokens``). 0 for an engine that keeps none."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds besides memory (a launched server, a connection, staged
+        files) at the end of a run; idempotent. Nothing to do for an in-process engine."""
+        ...
 
 
 @runtime_checkable

@@ -450,6 +450,14 @@ class TorchRolloutEngine:
         weight load, and never used under another version)."""
         self.kept.clear()
 
+    @property
+    def kv_reused_tokens(self) -> int:
+        """Context tokens that continued kept keys and values instead of being prefilled again."""
+        return self.kept.reused_tokens
+
+    def close(self) -> None:
+        """Nothing outlives the process: the weights and kept keys go with the engine."""
+
     # -- weights ------------------------------------------------------------------------
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         """Load HF-named tensors in place (on the device, or on the host while asleep); serve ``version``."""

@@ -1,8 +1,12 @@
-"""The training engine contract (R-4.1-4.3, R-4.6, R-2.8).
+"""The training engine contract (R-4.1-4.3, R-4.6, R-4.8, R-2.8).
 
-``TrainingEngine`` lists exactly what a trainer worker calls on its policy and reference
-engines. An engine joins by being registered in ``rl_train.engines.training.registry``; the
-conformance suite (tests/unit/test_engine_conformance.py) then checks its behaviour.
+``TrainingEngine`` lists everything a trainer worker (and the router-replay strategy it
+builds) calls on its policy and reference engines: tests/unit/test_engine_contracts.py
+fails when a worker reaches for a member or keyword argument that is not declared here. What
+an engine may lack is declared too, as a member that says so (``replays_routes``), never
+found out by probing. An engine joins by being registered in
+``rl_train.engines.training.registry``; the conformance suite
+(tests/unit/test_engine_conformance.py) then checks its behaviour.
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ if TYPE_CHECKING:
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[Batch, Batch], tuple[torch.Tensor, float, dict[str, float]]]
 """loss_fn(model_output, micro_batch) -> (loss numerator, denominator, metrics) (R-4.3)."""
+ROUTES = "routes"
+"""The batch field of per-token MoE routes, [B, T, L, k]: per token, per MoE layer, its experts."""
+
+
+class RoutesNotSupportedError(ValueError):
+    """Routes were asked of, or handed to, an engine whose ``replays_routes`` is False."""
 
 
 @runtime_checkable
@@ -30,13 +40,31 @@ class TrainingEngine(Protocol):
         """The policy's tokenizer (the worker pads batches with its pad id)."""
         ...
 
-    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False) -> Batch:
-        """Forward only, no grad: per-token ``log_probs`` [B, T] of a right-padded batch
-        (and ``entropy`` if asked). ``pi_old``: under the weights pinned by
-        ``snapshot_pi_old``, or the current ones when none are pinned."""
+    @property
+    def data_parallel_rank(self) -> int:
+        """This rank's data-parallel index: the ranks that split one model (tensor or pipeline
+        parallel) share it, and with it the batch shard they read."""
         ...
 
-    def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, object]:
+    @property
+    def replays_routes(self) -> bool:
+        """Whether the engine can route an MoE model's tokens by recorded experts (R-4.8):
+        ``compute_log_probs(record_routes=True)`` returns ``routes``, and a batch carrying
+        ``routes`` sends each token to those experts, in both passes. An engine that cannot
+        says False here and refuses both (``RoutesNotSupportedError``)."""
+        ...
+
+    def compute_log_probs(
+        self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False, record_routes: bool = False
+    ) -> Batch:
+        """Forward only, no grad: per-token ``log_probs`` [B, T] of a right-padded batch
+        (and ``entropy`` if asked). ``pi_old``: under the weights pinned by
+        ``snapshot_pi_old``, or the current ones when none are pinned. ``record_routes``
+        (only where ``replays_routes``): also ``routes`` [B, T, L, k], the experts each token
+        went to ([B, T, 0, 0] for a dense model)."""
+        ...
+
+    def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over the batch, cut into micro-batches: the update does not
         depend on the cut (R-4.2). Returns the step's metrics, among them
         ``actor/nonfinite_steps``: 1.0 when a NaN/inf grad norm skipped the step, else 0.0
@@ -50,7 +78,8 @@ class TrainingEngine(Protocol):
     def clear_pi_old(self) -> None: ...
 
     def export_weights(self) -> NamedTensors:
-        """HF-named tensors for the rollout side (R-4.6)."""
+        """HF-named tensors for the rollout side (R-4.6). With a model split over ranks (TP/PP,
+        FSDP) a collective: every rank of the split calls it together."""
         ...
 
     def state_dict(self) -> dict[str, object]:

@@ -21,7 +21,7 @@ from rl_train.engines.model.loading import load_policy, save_policy
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.lazy_dynamo import optimizers_without_compiler, step_without_compiler
 from rl_train.engines.training.micro_batch import length_sorted_micro_batches, split_micro_batches
-from rl_train.engines.training.protocol import Batch, LossFn
+from rl_train.engines.training.protocol import ROUTES, Batch, LossFn, RoutesNotSupportedError
 from rl_train.engines.training.snapshot import WeightSnapshots
 from rl_train.engines.training.token_outputs import token_entropy, token_log_probs
 
@@ -79,6 +79,23 @@ class TorchTrainingEngine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, horizon_steps))
         self._pi_old = WeightSnapshots()
 
+    @property
+    def data_parallel_rank(self) -> int:
+        """Every rank holds (or, sharded, gathers) the whole model: its rank in the world."""
+        return dist.get_rank() if self.distributed else 0
+
+    @property
+    def replays_routes(self) -> bool:
+        """False: the torch engine's models route by their own router scores only."""
+        return False
+
+    def _refuse_routes(self, batch: Batch, record_routes: bool = False) -> None:
+        if record_routes or ROUTES in batch:
+            raise RoutesNotSupportedError(
+                "the torch training engine cannot record or replay MoE routes (actor.router_replay "
+                "needs actor.engine megatron)"
+            )
+
     # -- forward / backward --------------------------------------------------------------
     def _to_device(self, micro_batch: Batch) -> Batch:
         return {key: value.to(self.device) for key, value in micro_batch.items()}
@@ -102,12 +119,16 @@ class TorchTrainingEngine:
         return out
 
     @torch.no_grad()
-    def compute_log_probs(self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False) -> Batch:
+    def compute_log_probs(
+        self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False, record_routes: bool = False
+    ) -> Batch:
         """Forward only, eval mode: per-token log-probs [B, T] (entropy too if asked).
 
         ``pi_old``: under the pinned pi_old weights when ``snapshot_pi_old`` pinned some
         (swapped in for the pass and swapped back bitwise), else under the current ones.
+        ``record_routes`` (or a batch with ``routes``): refused, see ``replays_routes``.
         """
+        self._refuse_routes(batch, record_routes)
         if pi_old and self._pi_old.active:
             with self._pi_old.swapped_in(self.model):
                 return self._log_probs(batch, with_entropy)
@@ -160,6 +181,11 @@ class TorchTrainingEngine:
         if forward_only:
             return dict(self.compute_log_probs(batch, with_entropy=self.cfg.entropy_coeff > 0))
         assert loss_fn is not None, "a training pass needs a loss_fn"
+        return dict(self._backward(batch, loss_fn))
+
+    def _backward(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """Gradients of the batch's loss, summed over micro-batches and ranks and divided once by
+        the global denominator (left on the parameters); the pass's metrics."""
         self.model.train()
         numerator_total = torch.zeros((), dtype=torch.float64)
         denominator_total = torch.zeros((), dtype=torch.float64)
@@ -194,9 +220,7 @@ class TorchTrainingEngine:
         else:
             for grad in grads:
                 grad.mul_(scale)
-        out: dict[str, object] = {
-            key: value / max(float(batch["response_mask"].sum()), 1.0) for key, value in weighted.items()
-        }
+        out = {key: value / max(float(batch["response_mask"].sum()), 1.0) for key, value in weighted.items()}
         out["actor/loss"] = float(totals[0]) / denominator
         out["actor/num_micro_batches"] = float(len(micro_batches))
         return out
@@ -233,10 +257,11 @@ class TorchTrainingEngine:
         self.scheduler.step()
         return {"actor/grad_norm": float(grad_norm), "actor/lr": lr, "actor/nonfinite_steps": float(not finite)}
 
-    def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, object]:
+    def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step: zero_grad -> forward/backward -> clip -> step (R-4.1)."""
+        self._refuse_routes(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = self.forward_backward_batch(batch, loss_fn, forward_only=False)
+        metrics = self._backward(batch, loss_fn)
         metrics.update(self.optimizer_step())
         return metrics
 
@@ -273,7 +298,7 @@ class TorchTrainingEngine:
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         if not self.sharded:
-            self.model.load_state_dict(state["model"])  # type: ignore[arg-type]
+            self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
         else:
             saved: dict[str, torch.Tensor] = state["model"]  # type: ignore[assignment]

@@ -1,6 +1,7 @@
 """The plain-torch value engine: the critic of one DP rank (R-4.1-4.3 for a value model).
 
-It follows the training engine's contract: forward-only passes in eval mode without grad,
+It implements ``ValueEngine`` (``critic_protocol``) as the torch training engine implements
+``TrainingEngine``: forward-only passes in eval mode without grad,
 micro-batches cut by ``split_micro_batches``, and an update that backpropagates loss
 *numerators*, sums gradients and denominators over DP ranks (gloo all-reduce) and divides
 once by the global denominator, so it does not depend on how the batch is cut.
@@ -12,7 +13,9 @@ Position 0 has no state before it and gets 0, like ``token_log_probs``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -23,8 +26,11 @@ from rl_train.engines.training.lazy_dynamo import optimizers_without_compiler, s
 from rl_train.engines.training.micro_batch import split_micro_batches
 from rl_train.engines.training.protocol import Batch, LossFn
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def warmup_factor(warmup_steps: int):  # noqa: ANN201 (a LambdaLR lambda)
+
+def warmup_factor(warmup_steps: int) -> Callable[[int], float]:
     """Linear warm-up over ``warmup_steps`` optimizer steps, then the constant peak lr."""
 
     def factor(step: int) -> float:
@@ -36,7 +42,8 @@ def warmup_factor(warmup_steps: int):  # noqa: ANN201 (a LambdaLR lambda)
 class TorchValueEngine:
     def __init__(self, model_path: str | Path, cfg: CriticConfig, seed: int = 0) -> None:
         torch.manual_seed(seed)
-        self.model, self.tokenizer = load_value_model(model_path)
+        self.model, tokenizer = load_value_model(model_path)
+        self.tokenizer = cast("PreTrainedTokenizerBase", tokenizer)
         self.cfg = cfg
         optimizers_without_compiler()
         self.optimizer = torch.optim.AdamW(  # fused: see TorchTrainingEngine

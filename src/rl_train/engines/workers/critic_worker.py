@@ -8,7 +8,7 @@ value loss. The critic ranks form their own torch.distributed group, apart from 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -16,6 +16,21 @@ from rl_train.engines.node_address import node_address
 from rl_train.engines.training.critic_config import CriticConfig
 from rl_train.engines.workers.host_memory import keep_freed_memory
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
+
+if TYPE_CHECKING:  # bound for real by ``_import_engine_side``, in the actor's process only
+    import torch
+
+    from rl_train.algorithms.critic_loss import build_critic_loss_fn, explained_variance
+    from rl_train.engines.training.critic_protocol import ValueEngine
+    from rl_train.engines.training.value_engine import TorchValueEngine
+    from rl_train.engines.workers.checkpoint_io import (
+        CheckpointSnapshot,
+        clone_state,
+        rng_state,
+        set_rng_state,
+    )
+    from rl_train.engines.workers.rendezvous import join_world
+    from rl_train.storage.records import collate, scatter_response
 
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
 UPDATE_FIELDS = ["values", "returns"]
@@ -62,12 +77,19 @@ class CriticWorker:
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         self.rank, self.world_size = rank, world_size
         self._engine_args = (model_path, seed)
-        self.engine: Any = None
+        self._engine: ValueEngine | None = None
         self.loss_fn = build_critic_loss_fn(self.cfg)
         self.tq = tq
         self._checkpoint: CheckpointSnapshot | None = None
         if world_size == 1 or dist_address is not None:
             self.start(dist_address)
+
+    @property
+    def engine(self) -> ValueEngine:
+        """The value engine (built by ``start``)."""
+        if self._engine is None:
+            raise RuntimeError(f"critic rank {self.rank}: start() builds the engine, and has not run")
+        return self._engine
 
     def rendezvous_address(self) -> str:
         """(rank 0) Where this pool's world meets: an address on this rank's node."""
@@ -75,14 +97,14 @@ class CriticWorker:
 
     def start(self, dist_address: str | None) -> None:
         """Join the pool's world at ``dist_address`` (with several ranks), then build the engine."""
-        if self.engine is not None:
+        if self._engine is not None:
             return
         if self.world_size > 1:
             assert dist_address is not None, "a rank of several needs the pool's rendezvous address"
             join_world(dist_address, self.rank, self.world_size)
         model_path, seed = self._engine_args
-        self.engine = TorchValueEngine(model_path, self.cfg, seed)
-        self.pad_token_id = int(self.engine.tokenizer.pad_token_id)  # type: ignore[attr-defined]
+        self._engine = TorchValueEngine(model_path, self.cfg, seed)
+        self.pad_token_id = int(self._engine.tokenizer.pad_token_id)
 
     def compute_values(self, partition: str, keys: list[str]) -> int:
         """(6) V_old of every response token of ``keys``, written as ``values`` on each record."""

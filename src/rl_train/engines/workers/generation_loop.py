@@ -34,9 +34,16 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, SamplingParams
+from rl_train.engines.rollout.protocol import (
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    SamplingParams,
+)
+from rl_train.engines.workers.engine_wrapper import WrappedRolloutEngine
 
 Job = tuple[str, int, tuple[tuple[str, Any], ...]]
 """(partition, n, sampling params as sorted items): groups with equal jobs share a batch."""
@@ -202,9 +209,7 @@ class GenerationLoop:
             taken = [len(keys)]
             job = (partition, n, params)
             try:
-                unfinished = self._run(
-                    partition, keys, n, dict(params), lambda wanted, job=job, taken=taken: self._more(job, taken, wanted)
-                )
+                unfinished = self._run(partition, keys, n, dict(params), partial(self._more, job, taken))
             except Exception as exc:  # the prompts are tagged failure; the buffer retries them
                 with self._cond:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
@@ -215,15 +220,14 @@ class GenerationLoop:
                     self._cond.notify_all()
 
 
-class GatedEngine:
+class GatedEngine(WrappedRolloutEngine):
     """An engine whose ``generate`` goes through a generation loop's ``engine_call``: what the
-    background agent loops see. Everything else is the engine's own."""
+    background agent loops see. Every other member is the engine's own (``WrappedRolloutEngine``):
+    only generation waits out a pause, while the weight sync that paused it drives the engine."""
 
-    def __init__(self, engine: Any, loop: GenerationLoop) -> None:
-        self._engine, self._loop = engine, loop
+    def __init__(self, engine: RolloutEngine, loop: GenerationLoop) -> None:
+        super().__init__(engine)
+        self._loop = loop
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         return self._loop.engine_call(self._engine.generate, requests, params)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)

@@ -4,23 +4,38 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from rl_train.engines.agent.chat import generation_spans
 from rl_train.engines.agent.config import AgentConfig
+from rl_train.engines.agent.loop import AgentTrajectory
 from rl_train.engines.agent.registry import AGENT_LOOPS, Start
-from rl_train.engines.rollout.protocol import SamplingParams
+from rl_train.engines.rollout.protocol import RolloutEngine, SamplingParams
 from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.rollout.tool_env import DelayedCalls, ToolEnvConfig
-from rl_train.engines.weight_sync.base import WeightReceiver
+from rl_train.engines.weight_sync.base import WeightReceiver, WeightSyncBackend
 from rl_train.engines.workers.generation_loop import GatedEngine, GenerationLoop, More
 from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory, release_freed_memory
 from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.engines.workers.placement import check_device
+from rl_train.engines.workers.rollout_batch import (
+    FINISHED,
+    SINGLE_TURN,
+    Record,
+    RolloutBatch,
+    agent_fields,
+    group_of,
+)
 from rl_train.engines.workers.turn_taking import TurnTakingEngine
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
+
+if TYPE_CHECKING:  # bound for real by ``_import_engine_side``, in the actor's process only
+    import torch
+
+    from rl_train.engines.weight_sync.boundaries import run_receiver
+    from rl_train.engines.workers.checkpoint_io import rng_state, set_rng_state
 
 
 def _import_engine_side() -> None:
@@ -36,18 +51,6 @@ def _import_engine_side() -> None:
     from rl_train.engines.workers.checkpoint_io import rng_state, set_rng_state
 
 
-def agent_fields(trajectory: Any) -> dict[str, Any]:
-    """What a multi-turn trajectory adds to its record (R-5.6): which tokens the model generated
-    (the mask, and its turns as ``[start, end)`` spans of the response), its turn count and its
-    tool calls as ``[name, error, seconds]``."""
-    return {
-        "response_mask": list(trajectory.response_mask),
-        "generation_spans": generation_spans(list(trajectory.response_mask)),
-        "agent_turns": trajectory.turns,
-        "tool_calls": [[call.name, call.error, call.seconds] for call in trajectory.tool_calls],
-    }
-
-
 class RolloutWorker:
     def __init__(
         self,
@@ -57,7 +60,7 @@ class RolloutWorker:
         num_threads: int,
         tool_env: dict[str, Any] | None = None,
         engine: str = "torch",
-        engine_options: dict[str, Any] | None = None,
+        engine_options: dict[str, object] | None = None,
         device: str = "cpu",
         agent: dict[str, Any] | None = None,
         rescue: bool = False,
@@ -74,7 +77,9 @@ class RolloutWorker:
         torch.set_num_threads(num_threads)
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         check_device(device, "rollout.device")
-        self.engine = build_rollout_engine(engine, model_path, seed=seed, device=device, options=engine_options)
+        self.engine: RolloutEngine = build_rollout_engine(
+            engine, model_path, seed=seed, device=device, options=engine_options
+        )
         self.tokenizer = self.engine.tokenizer
         self.tq = resolve_actor(tq)
         self.rescue = rescue
@@ -126,13 +131,11 @@ class RolloutWorker:
         here); a multi-turn batch takes in more queued groups as it runs (``more``)."""
         _, unfinished, tool_deadlines = self._generate(partition, prompt_keys, n, params, self.background, more)
         for key, deadline in tool_deadlines.items():
-            self.tool_calls.call_at(deadline, lambda key=key: self._finish_groups(partition, [key]))
+            self.tool_calls.call_at(deadline, partial(self._finish_groups, partition, [key]))
         return unfinished
 
     def _finish_groups(self, partition: str, keys: list[str]) -> None:
-        ray.get(
-            self.tq.set_tags.remote(partition, {k: {"status": "finished", "partial": False} for k in keys})
-        )
+        ray.get(self.tq.set_tags.remote(partition, {k: dict(FINISHED) for k in keys}))
 
     def _generate(
         self,
@@ -140,7 +143,7 @@ class RolloutWorker:
         prompt_keys: list[str],
         n: int,
         params: dict[str, Any],
-        engine: Any = None,
+        engine: RolloutEngine | None = None,
         more: More | None = None,
     ) -> tuple[list[str], list[str], dict[str, float]]:
         """(trajectory keys written, prompt keys left unfinished by an abort, tool deadlines).
@@ -159,125 +162,98 @@ class RolloutWorker:
         groups, which a multi-turn loop makes between rounds: they join this batch (a group
         routed to another loop runs once this loop's batch has ended).
         """
-        keys: list[str] = []
-        """Every prompt of this batch, those taken in as it ran included."""
-        by_key: dict[str, dict[str, Any]] = {}
-        earlier: dict[str, dict[str, Any]] = {}
-        loop_of: dict[str, str] = {}
-        expected: dict[str, int] = {}
-        with_tools = self.tool_latency is not None and partition == "train"
-        early: dict[str, list[Any]] = {}
-        """Groups written as soon as they finished: prompt key -> their trajectories."""
-        ended: dict[str, list[Any]] = {}
-        writes: list[Any] = []
-        results: list[Any] = []
-
-        def take(new_keys: list[str]) -> dict[str, list[Start]]:
-            """Tag ``new_keys`` running; their trajectories' starts, by agent loop."""
-            prompts, prompt_tags, _ = ray.get(
-                [
-                    self.tq.get.remote(partition, new_keys),
-                    self.tq.get_tags.remote(partition, new_keys),
-                    self.tq.set_tags.remote(partition, {k: {"status": "running"} for k in new_keys}),
-                ]
-            )
-            keys.extend(new_keys)
-            by_key.update(zip(new_keys, prompts, strict=True))
-            earlier.update(self._partials(partition, new_keys, prompt_tags, n))
-            starts: dict[str, list[Start]] = {}
-            for key, prompt in zip(new_keys, prompts, strict=True):
-                loop_of[key] = self.agent.loop_for(prompt)
-                ids = self.encode_prompt(prompt["prompt"])
-                expected[key] = 0
-                for j in range(n):
-                    old = earlier.get(f"{key}/{j}")
-                    if old is None or old["stop_reason"] == "aborted":
-                        # a single turn continues its partial rollout; a tool loop starts afresh
-                        prefix = list(old["response_ids"]) if old and loop_of[key] == "single_turn" else []
-                        starts.setdefault(loop_of[key], []).append((f"{key}/{j}", ids, prefix))
-                        expected[key] += 1
-            return starts
-
-        def on_done(trajectory: Any) -> None:  # called on this thread by the loops
-            key = trajectory.request_id.rsplit("/", 1)[0]
-            ended.setdefault(key, []).append(trajectory)
-            group = ended[key]
-            if with_tools or len(group) < expected[key] or any(t.stop_reason == "aborted" for t in group):
-                return
-            records, tags = self._records(group, earlier, loop_of, by_key, False)
-            # submitted, not awaited: one caller's calls reach the queue actor in order
-            writes.append(self.tq.put.remote(partition, records, tags))
-            writes.append(self.tq.set_tags.remote(partition, {key: {"status": "finished", "partial": False}}))
-            early[key] = group
-
+        batch = RolloutBatch(partition, n, with_tools=self.tool_latency is not None and partition == "train")
         try:
-            pending = take(prompt_keys)
-            sampling = SamplingParams(**params)
-            stop = self.loop.stopping
-            while pending:
-                loop = next(iter(pending))
-                batch = pending.pop(loop)
-
-                def admit(loop: str = loop) -> list[Start]:
-                    """More queued groups, while this batch has room for them: the starts of
-                    those this loop answers (the others wait for their own loop's turn)."""
-                    if more is None or not self.loop.queued():  # asked every poll: the common answer, cheaply
-                        return []
-                    unfinished = sum(1 for k in keys if k not in early and len(ended.get(k, [])) < expected[k])
-                    new = more(self.loop.max_groups_per_batch - unfinished)
-                    if not new:
-                        return []
-                    starts = take(new)
-                    for other, other_starts in starts.items():
-                        if other != loop:
-                            pending.setdefault(other, []).extend(other_starts)
-                    return starts.get(loop, [])
-
-                results += AGENT_LOOPS.get(loop)(
-                    engine or self.turns, batch, sampling, self.agent, stop, on_done, admit if more is not None else None
-                )
+            self._run_loops(batch, prompt_keys, params, engine or self.turns, more)
         except Exception:
-            failed = {k: {"status": "failure"} for k in dict.fromkeys([*prompt_keys, *keys]) if k not in early}
-            ray.get([*writes, self.tq.set_tags.remote(partition, failed)])
+            failed = {k: {"status": "failure"} for k in batch.failed_keys(prompt_keys)}
+            ray.get([*batch.writes, self.tq.set_tags.remote(partition, failed)])
             raise
-        rest = [r for r in results if r.request_id.rsplit("/", 1)[0] not in early]
-        records, tags = self._records(rest, earlier, loop_of, by_key, with_tools)
-        writes.append(self.tq.put.remote(partition, records, tags))
-        unfinished = sorted({k.rsplit("/", 1)[0] for k, t in tags.items() if t["status"] == "aborted"})
-        done = [k for k in keys if k not in unfinished and k not in early]
+        return self._write_batch(batch)
 
-        def group(key: str) -> list[dict[str, Any]]:  # this batch's trajectories, else the stored ones
-            return [records.get(f"{key}/{j}") or earlier[f"{key}/{j}"] for j in range(n)]
+    def _run_loops(
+        self,
+        batch: RolloutBatch,
+        prompt_keys: list[str],
+        params: dict[str, Any],
+        engine: RolloutEngine,
+        more: More | None,
+    ) -> None:
+        """Hand the batch's starts to their agent loops, one loop's at a time, until none is left
+        (groups ``more`` takes in while a loop runs may add starts for other loops)."""
+        batch.pending = self._take(batch, prompt_keys)
+        sampling = SamplingParams(**params)
+        on_done = partial(self._on_done, batch)
+        while batch.pending:
+            loop = next(iter(batch.pending))
+            starts = batch.pending.pop(loop)
+            admit = partial(self._admit, batch, loop, more) if more is not None else None
+            batch.results += AGENT_LOOPS.get(loop)(
+                engine, starts, sampling, self.agent, self.loop.stopping, on_done, admit
+            )
 
-        tool_deadlines = (
-            {k: max(float(r.get("tool_done_at", 0.0)) for r in group(k)) for k in done} if with_tools else {}
+    def _take(self, batch: RolloutBatch, keys: list[str]) -> dict[str, list[Start]]:
+        """Tag ``keys`` running and take them into the batch; their trajectories' starts, by agent loop."""
+        partition = batch.partition
+        prompts, prompt_tags, _ = ray.get(
+            [
+                self.tq.get.remote(partition, keys),
+                self.tq.get_tags.remote(partition, keys),
+                self.tq.set_tags.remote(partition, {k: {"status": "running"} for k in keys}),
+            ]
         )
-        status = {k: {"status": "finished", "partial": False} for k in done if k not in tool_deadlines}
-        for key in unfinished:
-            oldest = min((v for r in group(key) for v in r["token_versions"]), default=None)
-            status[key] = {"status": "pending", "partial": True}
-            if oldest is not None:
-                status[key]["version"] = oldest
-        writes.append(self.tq.set_tags.remote(partition, status))
-        ray.get(writes)
-        written = [t.request_id for g in early.values() for t in g] + list(records)
-        return written, unfinished, tool_deadlines
+        batch.taken.extend(keys)
+        batch.earlier.update(self._partials(partition, keys, prompt_tags, batch.n))
+        loops = [self.agent.loop_for(prompt) for prompt in prompts]
+        return batch.add_groups(keys, prompts, loops, [self.encode_prompt(p["prompt"]) for p in prompts])
+
+    def _on_done(self, batch: RolloutBatch, trajectory: AgentTrajectory) -> None:
+        """A trajectory ended (called by the loops on this thread): its group is written at once
+        when that completes it."""
+        group = batch.end(trajectory)
+        if group is None:
+            return
+        key = group_of(trajectory.request_id)
+        records, tags = self._records(group.ended, batch, False)
+        batch.writes.append(self.tq.put.remote(batch.partition, records, tags))
+        batch.writes.append(self.tq.set_tags.remote(batch.partition, {key: dict(FINISHED)}))
+        group.written = True
+        batch.written_early.append(key)
+
+    def _admit(self, batch: RolloutBatch, loop: str, more: More) -> list[Start]:
+        """More queued groups, while the batch has room for them: the starts of those ``loop``
+        answers (the others wait for their own loop's turn)."""
+        if not self.loop.queued():  # asked every poll: the common answer, cheaply
+            return []
+        new = more(self.loop.max_groups_per_batch - batch.unfinished_groups())
+        if not new:
+            return []
+        starts = self._take(batch, new)
+        for other, other_starts in starts.items():
+            if other != loop:
+                batch.pending.setdefault(other, []).extend(other_starts)
+        return starts.get(loop, [])
+
+    def _write_batch(self, batch: RolloutBatch) -> tuple[list[str], list[str], dict[str, float]]:
+        """Write the trajectories not written early and tag every group; what ``_generate`` returns."""
+        records, tags = self._records(batch.unwritten_results(), batch, batch.with_tools)
+        batch.writes.append(self.tq.put.remote(batch.partition, records, tags))
+        unfinished, tool_deadlines, status = batch.final_tags(records, tags)
+        batch.writes.append(self.tq.set_tags.remote(batch.partition, status))
+        ray.get(batch.writes)
+        return batch.early_keys() + list(records), unfinished, tool_deadlines
 
     def _records(
-        self,
-        results: list[Any],
-        earlier: dict[str, dict[str, Any]],
-        loop_of: dict[str, str],
-        by_key: dict[str, dict[str, Any]],
-        with_tools: bool,
-    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        self, results: list[AgentTrajectory], batch: RolloutBatch, with_tools: bool
+    ) -> tuple[dict[str, Record], dict[str, Record]]:
         """The queue records and tags of finished trajectories (R-5.6): a continued single turn
         keeps its earlier tokens' log-probs and versions; a multi-turn one adds its mask and turns."""
         records, tags = {}, {}
         for result in results:
-            key = result.request_id.rsplit("/", 1)[0]
-            fresh = loop_of[key] != "single_turn"
-            old = (None if fresh else earlier.get(result.request_id)) or {"rollout_log_probs": [], "token_versions": []}
+            key = group_of(result.request_id)
+            group = batch.groups[key]
+            fresh = group.loop != SINGLE_TURN
+            old = (None if fresh else batch.earlier.get(result.request_id)) or {"rollout_log_probs": [], "token_versions": []}
             versions = list(old["token_versions"]) + result.token_versions
             records[result.request_id] = {
                 "prompt_ids": result.prompt_ids,
@@ -288,8 +264,8 @@ class RolloutWorker:
                 **({"routes": result.routes} if result.routes is not None else {}),  # R3: the experts rollout used
                 **(agent_fields(result) if fresh else {}),
                 "group_id": key,
-                "data_source": by_key[key]["data_source"],
-                "ground_truth": by_key[key]["ground_truth"],
+                "data_source": group.prompt["data_source"],
+                "ground_truth": group.prompt["ground_truth"],
                 **({"off_version": True} if self.rescue or self._off_versions.intersection(versions) else {}),
             }
             if with_tools and result.stop_reason != "aborted":
@@ -373,7 +349,7 @@ class RolloutWorker:
     def version(self) -> int:
         return self.engine.version
 
-    def open_receiver(self, backend: Any, descriptor: dict[str, Any]) -> None:
+    def open_receiver(self, backend: WeightSyncBackend, descriptor: dict[str, Any]) -> None:
         self.receiver = backend.build_receiver(descriptor)
 
     def close_receiver(self, final: bool = True) -> None:
@@ -397,9 +373,7 @@ class RolloutWorker:
                 from rl_train.engines.agent.gateway_runs import stop_gateways
 
                 stop_gateways()
-                close = getattr(self.engine, "close", None)
-                if close is not None:
-                    close()
+                self.engine.close()
 
     def receive_weights(self, payload: Any, version: int, timeout_seconds: float) -> dict[str, float]:
         """Pause the engine, load ``version``, resume: interrupted turns and partial rollouts go

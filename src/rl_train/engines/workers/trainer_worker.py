@@ -6,7 +6,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import ray
@@ -14,16 +14,33 @@ import ray
 from rl_train.engines.node_address import node_address
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.nonfinite import NonFiniteStepGuard
-from rl_train.engines.weight_sync.base import WeightSender
+from rl_train.engines.weight_sync.base import WeightSender, WeightSyncBackend
 from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory
 from rl_train.engines.workers.placement import check_device
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
+if TYPE_CHECKING:  # bound for real by ``_import_engine_side``, in the actor's process only
+    import torch
+
+    from rl_train.algorithms.actor_loss import build_actor_loss_fn
+    from rl_train.engines.rollout.protocol import RolloutEngine
+    from rl_train.engines.training.protocol import TrainingEngine
+    from rl_train.engines.training.registry import build_training_engine
+    from rl_train.engines.training.router_replay import RouterReplay, build_router_replay
+    from rl_train.engines.weight_sync.boundaries import run_sender
+    from rl_train.engines.workers.checkpoint_io import (
+        CheckpointSnapshot,
+        clone_state,
+        rng_state,
+        set_rng_state,
+    )
+    from rl_train.engines.workers.rendezvous import join_world
+    from rl_train.engines.workers.rollout_worker import RolloutWorker
+    from rl_train.storage.records import collate, scatter_response
+
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
 FREEZE_TIMEOUT_SECONDS = 600.0
 """How long a push waits for its frozen copy (the main thread may be busy with an update)."""
-ROUTES_FIELD = "routes"
-"""Per token of prompt and response, the experts of each MoE layer (R2: recorded by old_log_prob)."""
 OPTIONAL_TOKEN_FIELDS = ["rollout_is_weights"]
 """Per-token fields the advantage phase writes only when configured (IS weights multiply the policy loss)."""
 
@@ -35,11 +52,12 @@ def _import_engine_side() -> None:
     3 s of CPU at every start, on the cores the run's other processes start on) for a
     process that never touches a tensor. ``tests/unit/test_driver_imports.py`` holds it."""
     global torch, build_actor_loss_fn, build_training_engine, run_sender, CheckpointSnapshot, clone_state, rng_state
-    global set_rng_state, join_world, collate, scatter_response
+    global set_rng_state, join_world, collate, scatter_response, build_router_replay
     import torch
 
     from rl_train.algorithms.actor_loss import build_actor_loss_fn
     from rl_train.engines.training.registry import build_training_engine
+    from rl_train.engines.training.router_replay import build_router_replay
     from rl_train.engines.weight_sync.boundaries import run_sender
     from rl_train.engines.workers.checkpoint_io import (
         CheckpointSnapshot,
@@ -49,6 +67,10 @@ def _import_engine_side() -> None:
     )
     from rl_train.engines.workers.rendezvous import join_world
     from rl_train.storage.records import collate, scatter_response
+
+
+class NotStartedError(RuntimeError):
+    """A rank of several was called before ``start`` joined its world and built its engines."""
 
 
 class TrainerWorker:
@@ -87,20 +109,36 @@ class TrainerWorker:
         # the model is split over the ranks (megatron TP/PP, or FSDP shards): exports are collectives
         split = self.cfg.megatron.tensor_parallel_size * self.cfg.megatron.pipeline_parallel_size
         self._split_model = split > 1 or (self.cfg.fsdp and world_size > 1)
-        self.engine: Any = None
-        self.reference: Any = None
+        self._engine: TrainingEngine | None = None
+        self.reference: TrainingEngine | None = None
+        self._router_replay: RouterReplay | None = None
         self.loss_fn = build_actor_loss_fn(self.cfg)
         self.nonfinite = NonFiniteStepGuard(self.cfg.max_nonfinite_steps_in_row)
         self.tq = tq
         self.sender: WeightSender | None = None
         self.model_path, self.seed = model_path, seed
-        self.spare: Any = None
+        self.spare: RolloutWorker | None = None
         self.tool_env, self.rollout_engine, self.rollout_options = tool_env, rollout_engine, rollout_options
         self._frozen: tuple[int, list[tuple[str, torch.Tensor]]] = (-1, [])
         self._frozen_ready = threading.Condition()
         self._checkpoint: CheckpointSnapshot | None = None
         if world_size == 1 or dist_address is not None:
             self.start(dist_address)
+
+    @property
+    def engine(self) -> TrainingEngine:
+        """The policy engine (built by ``start``)."""
+        if self._engine is None:
+            raise NotStartedError(f"trainer rank {self.rank}: start() builds the engines, and has not run")
+        return self._engine
+
+    @property
+    def router_replay(self) -> RouterReplay:
+        """How the actor's passes route an MoE model's tokens (``actor.router_replay``), chosen
+        by ``start`` once the engine can say whether it replays routes."""
+        if self._router_replay is None:
+            raise NotStartedError(f"trainer rank {self.rank}: start() builds the engines, and has not run")
+        return self._router_replay
 
     def where(self) -> dict[str, str]:
         """The node this actor runs on: Ray's id and address of it."""
@@ -109,7 +147,7 @@ class TrainerWorker:
     def data_parallel_rank(self) -> int:
         """This rank's data-parallel index: the ranks that split one model (tensor or pipeline
         parallel) share it, and the batch shard that goes with it."""
-        return int(getattr(self.engine, "data_parallel_rank", self.rank))
+        return self.engine.data_parallel_rank
 
     def join_export(self) -> None:
         """Take part in rank 0's export of a split model (a weight sync, a saved policy): the
@@ -124,7 +162,7 @@ class TrainerWorker:
     def start(self, dist_address: str | None) -> None:
         """Join the pool's world at ``dist_address`` (with several ranks), then build the engines
         (a megatron engine sets its groups up in that world)."""
-        if self.engine is not None:
+        if self._engine is not None:
             return
         if self.world_size > 1:
             assert dist_address is not None, "a rank of several needs the pool's rendezvous address"
@@ -133,9 +171,10 @@ class TrainerWorker:
             join_world(dist_address, self.rank, self.world_size, "nccl" if on_gpu else "gloo")
         model_path, horizon_steps, temperature, seed, with_reference = self._engine_args
         check_device(self.cfg.device, "actor.device")
-        self.engine = build_training_engine(
-                self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
-            )
+        self._engine = build_training_engine(
+            self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
+        )
+        self._router_replay = build_router_replay(self.cfg.router_replay, self._engine, self.cfg.engine)
         self.reference = (
             build_training_engine(
                 self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
@@ -143,7 +182,7 @@ class TrainerWorker:
             if with_reference
             else None
         )
-        self.pad_token_id = int(self.engine.tokenizer.pad_token_id)
+        self.pad_token_id = int(self._engine.tokenizer.pad_token_id)
         freeze_built_objects()  # the engines' objects leave the collector's full passes
 
     def _records(self, partition: str, keys: list[str], fields: list[str]) -> list[dict[str, Any]]:
@@ -156,26 +195,17 @@ class TrainerWorker:
         of a split model runs even with no key: its passes are collectives with the others'."""
         if not keys and not self._split_model:
             return 0
-        engine = self.reference if reference else self.engine
+        engine: TrainingEngine | None = self.reference if reference else self.engine
         assert engine is not None, "this rank was built without a reference model"
-        pi_old = out_field == "old_log_probs"
-        replay_rollout = pi_old and self.cfg.router_replay == "r3"  # route as rollout did
-        records = self._records(partition, keys, [ROUTES_FIELD] if replay_rollout else [])
-        batch = collate(records, self.pad_token_id)
-        if replay_rollout and records:
-            batch[ROUTES_FIELD] = collate_routes(records, batch["input_ids"].shape[1])
-        if pi_old and self.cfg.router_replay == "r2":  # the routes of pi_old's pass, for the update to replay
-            out = engine.compute_log_probs(batch, pi_old=True, record_routes=True)
-            routes = [
-                row[: len(r["prompt_ids"]) + len(r["response_ids"])].tolist()
-                for row, r in zip(out["routes"], records, strict=True)
-            ]
+        if out_field == "old_log_probs":  # pi_old's pass: its routing is the router-replay strategy's
+            records = self._records(partition, keys, self.router_replay.old_log_prob_fields())
+            log_probs, extra = self.router_replay.old_log_probs(engine, collate(records, self.pad_token_id), records)
         else:
-            out, routes = engine.compute_log_probs(batch, pi_old=pi_old), None
-        values = scatter_response(out["log_probs"], records)
-        fields = [{out_field: v} for v in values]
-        for field, route in zip(fields, routes or [], strict=False):
-            field[ROUTES_FIELD] = route
+            records = self._records(partition, keys, [])
+            log_probs = engine.compute_log_probs(collate(records, self.pad_token_id))["log_probs"]
+            extra = [{} for _ in records]
+        values = scatter_response(log_probs, records)
+        fields = [{out_field: value, **more} for value, more in zip(values, extra, strict=True)]
         if keys:
             ray.get(self.tq.put.remote(partition, dict(zip(keys, fields, strict=True))))
         return len(keys)
@@ -196,40 +226,32 @@ class TrainerWorker:
             raise KeyError(
                 f"update needs per-token field(s) {missing}; the earlier phases did not write them"
             )
-        if self.cfg.router_replay != "off" and records and ROUTES_FIELD not in records[0]:
-            source = "old_log_prob" if self.cfg.router_replay == "r2" else "rollout"
-            raise KeyError(
-                f"actor.router_replay {self.cfg.router_replay} replays the {ROUTES_FIELD!r} of {source}; the records have none"
-            )
+        replay: RouterReplay = self.router_replay
+        replay.check_update_records(records)
         fields += [f for f in OPTIONAL_TOKEN_FIELDS if records and f in records[0]]
         sums: dict[str, float] = {}
         steps = 0
-        replayed = 0.0
         batches = []  # collated once: every epoch trains on the same mini-batches
         for part in range(num_mini_batches):
             chunk = records[part::num_mini_batches] if num_mini_batches > 1 else records
             batch = collate(chunk, self.pad_token_id, fields)
-            if self.cfg.router_replay != "off":  # r2: old_log_prob's routes; r3: rollout's
-                batch[ROUTES_FIELD] = collate_routes(chunk, batch["input_ids"].shape[1])
+            replay.route_update(batch, chunk)
             batches.append(batch)
         for _ in range(self.cfg.ppo_epochs):
             for batch in batches:
-                if self.cfg.router_replay != "off":
-                    replayed += float(batch["attention_mask"].sum())
                 step_metrics = self.engine.train_batch(batch, self.loss_fn)
                 for key, value in step_metrics.items():
-                    sums[key] = sums.get(key, 0.0) + float(value)  # type: ignore[arg-type]
+                    sums[key] = sums.get(key, 0.0) + float(value)
                 steps += 1
-                self.nonfinite.record(float(step_metrics["actor/nonfinite_steps"]) > 0)  # type: ignore[arg-type]
+                self.nonfinite.record(float(step_metrics["actor/nonfinite_steps"]) > 0)
         metrics = {key: value / max(steps, 1) for key, value in sums.items()}
         metrics["actor/nonfinite_steps"] = sums.get("actor/nonfinite_steps", 0.0)
         metrics["actor/nonfinite_steps_in_row"] = float(self.nonfinite.in_row)
-        if self.cfg.router_replay != "off":
-            metrics["actor/router_replay_tokens"] = replayed  # tokens the update routed by recorded experts
+        metrics.update(replay.update_metrics(batches, self.cfg.ppo_epochs))
         return metrics
 
     # -- weights ------------------------------------------------------------------------
-    def open_sender(self, backend: Any) -> dict[str, Any]:
+    def open_sender(self, backend: WeightSyncBackend) -> dict[str, Any]:
         self.sender = backend.build_sender()
         return self.sender.descriptor()
 
@@ -287,12 +309,14 @@ class TrainerWorker:
                 agent=self.agent,
                 rescue=True,
             )
-        self.spare.wake_up()
+        spare = self.spare
+        spare.wake_up()
         try:
-            self.spare.engine.update_weights(self.engine.export_weights(), version)
-            return self.spare.generate_prompts(partition, prompt_keys, n, params)
+            spare_engine: RolloutEngine = spare.engine
+            spare_engine.update_weights(self.engine.export_weights(), version)
+            return spare.generate_prompts(partition, prompt_keys, n, params)
         finally:
-            self.spare.sleep()
+            spare.sleep()
 
     def state_dict(self) -> dict[str, Any]:
         return self.engine.state_dict()
@@ -353,15 +377,3 @@ class TrainerWorker:
     def ping(self) -> int:
         return self.rank
 
-
-def collate_routes(records: list[dict[str, Any]], width: int) -> torch.Tensor:
-    """The records' ``routes`` as one right-padded tensor [B, width, L, k]; past a row's end (its
-    padding, whose outputs feed nothing) each layer gets experts 0..k-1."""
-    import torch
-
-    rows = [torch.tensor(r[ROUTES_FIELD], dtype=torch.long) for r in records]
-    shape = rows[0].shape[1:] if rows else (0, 0)
-    out = torch.arange(shape[-1] if shape else 0, dtype=torch.long).expand(len(records), width, *shape).clone()
-    for i, row in enumerate(rows):
-        out[i, : row.shape[0]] = row
-    return out

@@ -14,7 +14,9 @@ If a merged batch fails, each of its calls runs again alone, so one loop's bad r
 that loop only. The time spent generating is counted as the replica's busy time, with the
 engine batches run and the requests they held (``rollout/rows_per_engine_batch``).
 ``rollout/kv_reused_tokens`` counts the context tokens that kept keys and values spared the
-engine prefilling again (the built-in engine; 0 for one that keeps none).
+engine prefilling again (the engine's ``kv_reused_tokens``: 0 for one that keeps none).
+
+Every other ``RolloutEngine`` member is the engine's own (``WrappedRolloutEngine``).
 """
 
 from __future__ import annotations
@@ -22,23 +24,28 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from rl_train.engines.rollout.protocol import SamplingParams
+from rl_train.engines.rollout.protocol import (
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    SamplingParams,
+)
+from rl_train.engines.workers.engine_wrapper import WrappedRolloutEngine
 
 
 @dataclass(eq=False)
 class _Call:
-    requests: list[Any]
+    requests: list[GenerationRequest]
     params: SamplingParams
     done: bool = False
-    results: list[Any] | None = None
+    results: list[GenerationResult] | None = None
     error: BaseException | None = None
 
 
-class TurnTakingEngine:
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
+class TurnTakingEngine(WrappedRolloutEngine):
+    def __init__(self, engine: RolloutEngine) -> None:
+        super().__init__(engine)
         self._cond = threading.Condition()
         self._running = False
         """An engine batch is running (its caller runs it outside the lock)."""
@@ -49,9 +56,9 @@ class TurnTakingEngine:
         self.batches = 0
         self.rows = 0
         """Engine batches run, and the requests they held."""
-        self._reused_seen = self._reused()
+        self._reused_seen = engine.kv_reused_tokens
 
-    def generate(self, requests: list[Any], params: SamplingParams) -> list[Any]:
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         call = _Call(list(requests), params)
         with self._cond:
             self._waiting.append(call)
@@ -122,7 +129,7 @@ class TurnTakingEngine:
             call.results, call.done = results[start : start + len(call.requests)], True
             start += len(call.requests)
 
-    def _timed(self, requests: list[Any], params: SamplingParams) -> list[Any]:
+    def _timed(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         started = time.perf_counter()
         try:
             results = list(self._engine.generate(requests, params))
@@ -139,7 +146,7 @@ class TurnTakingEngine:
         """Seconds generating, engine batches, their requests and the context tokens kept keys
         and values spared since the last call (a batch in flight counts once it ends)."""
         with self._count:
-            reused = self._reused()
+            reused = self._engine.kv_reused_tokens
             counts = {
                 "busy_seconds": self.busy_seconds,
                 "engine_batches": float(self.batches),
@@ -148,10 +155,3 @@ class TurnTakingEngine:
             }
             self.busy_seconds, self.batches, self.rows, self._reused_seen = 0.0, 0, 0, reused
         return counts
-
-    def _reused(self) -> int:
-        kept = getattr(self._engine, "kept", None)
-        return int(getattr(kept, "reused_tokens", 0))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)

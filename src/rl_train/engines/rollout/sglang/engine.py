@@ -203,7 +203,8 @@ class SglangRolloutEngine:
             raise self._malformed(f"a result without meta_info: {str(output)[:200]}")
         entries = meta.get("output_token_logprobs")
         finish = meta.get("finish_reason") or {}
-        reason = STOP_REASONS.get(finish.get("type") if isinstance(finish, dict) else None)
+        kind = finish.get("type") if isinstance(finish, dict) else None
+        reason = STOP_REASONS.get(kind) if isinstance(kind, str) else None
         if not isinstance(entries, list) or reason is None:
             raise self._malformed(f"output_token_logprobs {_kind(entries)}, finish_reason {finish!r}")
         tokens, log_probs = [], []
@@ -217,6 +218,11 @@ class SglangRolloutEngine:
         if "output_ids" in output and list(output["output_ids"]) != tokens:
             raise self._malformed("output_ids disagree with output_token_logprobs")
         return tokens, log_probs, reason
+
+    @property
+    def kv_reused_tokens(self) -> int:
+        """Always 0: the server's own prefix cache reuses what it can, and does not say how much."""
+        return 0
 
     def running_requests(self) -> int:
         """Requests the server is working on now, over its data-parallel ranks (``/get_load``)."""
@@ -319,6 +325,11 @@ class SglangRolloutEngine:
         info = self.client.call("/get_server_info", method="GET") or {}
         server_ranks = int(info.get("tp_size", 1)) if isinstance(info, dict) else 1
         host = self.cfg.group_address or (urlparse(self.client.url).hostname if self.cfg.url else "127.0.0.1")
+        if not host:
+            raise RolloutServerError(
+                f"rollout.sglang.url {self.client.url!r} names no host for the weight group; "
+                "set rollout.sglang.group_address"
+            )
         with socket.socket() as sock:
             sock.bind(("", 0))
             port = int(sock.getsockname()[1])
@@ -337,7 +348,12 @@ class SglangRolloutEngine:
         }
         with ThreadPoolExecutor(1, "sglang-weights") as pool:  # the server answers once it has joined
             joined = pool.submit(self.client.call, "/init_weights_update_group", body)
-            group = dist.ProcessGroupGloo(store, 0, world) if backend == "gloo" else dist.ProcessGroupNCCL(store, 0, world)
+            # the bindings default the timeout and the options, which torch's stubs leave out
+            group = (
+                dist.ProcessGroupGloo(store, 0, world)  # type: ignore[call-arg]
+                if backend == "gloo"
+                else dist.ProcessGroupNCCL(store, 0, world)  # type: ignore[call-arg]
+            )
             joined.result()
         self._store = store  # the group's rendezvous lives as long as the group
         return group

@@ -251,7 +251,7 @@ class MegatronTrainingEngine:
             result[key] = tensor
         return result
 
-    def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, object]:
+    def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over this data-parallel rank's batch (R-4.1-4.3)."""
         zero_grads(self.model, self.optimizer)
         micro_batches = self._micro_batches(batch, self.cfg.micro_batch_size)
@@ -265,7 +265,7 @@ class MegatronTrainingEngine:
         )
         totals = self._loss_totals(numerator, denominator, metrics)
         lr = self._set_lr()
-        out: dict[str, object] = dict(optimizer_step(self.model, self.optimizer, denominator))
+        out = dict(optimizer_step(self.model, self.optimizer, denominator))
         self.steps += 1
         self._set_lr()
         out.update(totals)
@@ -364,4 +364,10 @@ class MegatronTrainingEngine:
 
     @property
     def data_parallel_rank(self) -> int:
+        """megatron's data-parallel rank: the ranks of one tensor x pipeline split share it."""
         return self.dp_rank
+
+    @property
+    def replays_routes(self) -> bool:
+        """True: megatron-core's routers record and replay (a dense model's routes are empty)."""
+        return True
