@@ -145,6 +145,7 @@ REGISTRIES = (
     "rl_train.algorithms.config:ROLLOUT_CORRECTION_PRESETS",
     "rl_train.algorithms.thresholds:RS_OPTIONS",
     "rl_train.engines.training.registry:TRAINING_ENGINES",
+    "rl_train.engines.training.router_replay_modes:ROUTER_REPLAYS",
     "rl_train.engines.rollout.registry:ROLLOUT_ENGINES",
     "rl_train.engines.weight_sync.backends:WEIGHT_SYNC_BACKENDS",
     "rl_train.engines.weight_sync.transports:TRANSPORTS",

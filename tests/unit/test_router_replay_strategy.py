@@ -19,10 +19,10 @@ from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.protocol import Batch, LossFn
 from rl_train.engines.training.router_replay import (
     REPLAYED_TOKENS_METRIC,
-    ROUTER_REPLAYS,
     build_router_replay,
     collate_routes,
 )
+from rl_train.engines.training.router_replay_modes import ROUTER_REPLAYS
 from rl_train.engines.training.torch_engine import TorchTrainingEngine
 from rl_train.storage.records import collate
 
@@ -69,7 +69,7 @@ def with_rollout_routes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_off_asks_for_no_routes_and_writes_none() -> None:
-    engine, replay = RoutingEngine(), ROUTER_REPLAYS["off"]()
+    engine, replay = RoutingEngine(), ROUTER_REPLAYS.get("off")()
     rows = records()
     batch = collate(rows, 0)
     log_probs, extra = replay.old_log_probs(engine, batch, rows)
@@ -82,7 +82,7 @@ def test_off_asks_for_no_routes_and_writes_none() -> None:
 
 
 def test_r2_writes_each_trajectory_its_own_recorded_routes_and_the_update_replays_them() -> None:
-    engine, replay = RoutingEngine(), ROUTER_REPLAYS["r2"]()
+    engine, replay = RoutingEngine(), ROUTER_REPLAYS.get("r2")()
     rows = records()
     batch = collate(rows, 0)  # width 5: the first row has 5 tokens, the second 4 and one pad
     _, extra = replay.old_log_probs(engine, batch, rows)
@@ -101,7 +101,7 @@ def test_r2_writes_each_trajectory_its_own_recorded_routes_and_the_update_replay
 
 
 def test_r3_routes_old_log_prob_and_the_update_by_rollout_routes() -> None:
-    engine, replay = RoutingEngine(), ROUTER_REPLAYS["r3"]()
+    engine, replay = RoutingEngine(), ROUTER_REPLAYS.get("r3")()
     rows = with_rollout_routes(records())
     assert replay.old_log_prob_fields() == ["routes"]
     batch = collate(rows, 0)
@@ -117,13 +117,13 @@ def test_r3_routes_old_log_prob_and_the_update_by_rollout_routes() -> None:
 @pytest.mark.parametrize(("name", "source"), [("r2", "old_log_prob"), ("r3", "rollout")])
 def test_an_update_without_the_routes_to_replay_names_the_phase_that_writes_them(name: str, source: str) -> None:
     with pytest.raises(KeyError, match=f"actor.router_replay {name} replays the 'routes' of {source}"):
-        ROUTER_REPLAYS[name]().check_update_records(records())
+        ROUTER_REPLAYS.get(name)().check_update_records(records())
 
 
 def test_replayed_tokens_count_every_token_of_every_epoch() -> None:
     # two mini-batches of 5 + 4 and 3 real tokens, 3 epochs: (9 + 3) x 3 = 36 tokens routed by recorded experts
     rows = with_rollout_routes([*records(), {"prompt_ids": [1, 4], "response_ids": [2]}])
-    replay = ROUTER_REPLAYS["r3"]()
+    replay = ROUTER_REPLAYS.get("r3")()
     batches = [collate(rows[:2], 0), collate(rows[2:], 0)]
     assert replay.update_metrics(batches, 3) == {REPLAYED_TOKENS_METRIC: 36.0}
 
@@ -136,9 +136,11 @@ def test_collated_routes_are_right_padded_with_experts_0_to_k() -> None:
     ]
 
 
-def test_every_configurable_name_has_a_strategy() -> None:
-    allowed = ActorConfig.model_fields["router_replay"].annotation.__args__  # type: ignore[union-attr]
-    assert set(ROUTER_REPLAYS) == set(allowed)
+def test_every_configurable_name_loads_its_strategy() -> None:
+    strategies = {name: type(ROUTER_REPLAYS.get(name)()).__name__ for name in ROUTER_REPLAYS.names()}
+    assert strategies == {"off": "RouteByScores", "r2": "RecordedRoutes", "r3": "RolloutRoutes"}
+    with pytest.raises(ValueError, match=r"unknown router-replay mode 'r9'; available: off, r2, r3"):
+        ActorConfig(router_replay="r9")
 
 
 def test_an_engine_that_cannot_replay_is_refused_at_build(tiny_model_dir: Path) -> None:
@@ -148,5 +150,5 @@ def test_an_engine_that_cannot_replay_is_refused_at_build(tiny_model_dir: Path) 
     for name in ("r2", "r3"):
         with pytest.raises(ValueError, match=f"actor.router_replay '{name}' .* actor.engine 'torch' cannot"):
             build_router_replay(name, engine, "torch")
-    with pytest.raises(ValueError, match="actor.router_replay: 'r4' is not one of off, r2, r3"):
+    with pytest.raises(ValueError, match="unknown router-replay mode 'r4'; available: off, r2, r3"):
         build_router_replay("r4", engine, "torch")

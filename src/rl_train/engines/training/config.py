@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from rl_train.algorithms.config import PER_MICRO_BATCH_LOSSES, PolicyLossConfig, StrictModel
 from rl_train.engines.training.registry import TrainingEngineName
+from rl_train.engines.training.router_replay_modes import RouterReplayName
 
 
 class MegatronParallelConfig(StrictModel):
@@ -61,7 +62,7 @@ class ActorConfig(PolicyLossConfig):
     """Parameter dtype of the training engine."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the torch engine's ranks keep the policy: cuda gives each rank a GPU (shared with a rollout replica in the colocated modes) and NCCL between ranks; megatron uses CUDA whenever it is visible."""
-    router_replay: Literal["off", "r2", "r3"] = "off"
+    router_replay: RouterReplayName = "off"
     """MoE router replay (megatron engine, R-4.8): r2 records each token's experts in the old_log_prob pass and routes the update by them; r3 routes old_log_prob and the update by the experts rollout used (built-in rollout engine)."""
     fsdp: bool = False
     """torch engine: shard weights, gradients and Adam's moments over the data-parallel ranks (FSDP2, torch's fully_shard); every weight export then gathers the whole model from all ranks."""

@@ -16,7 +16,6 @@ its k experts; in a batch as one tensor [B, T, L, k] (``collate_routes``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -130,20 +129,12 @@ class RolloutRoutes(_ReplayedUpdate):
         return engine.compute_log_probs(batch, pi_old=True)["log_probs"], [{} for _ in records]
 
 
-ROUTER_REPLAYS: dict[str, Callable[[], RouterReplay]] = {
-    "off": RouteByScores,
-    "r2": RecordedRoutes,
-    "r3": RolloutRoutes,
-}
-"""``actor.router_replay`` -> its strategy (the config's Literal lists the same names)."""
-
-
 def build_router_replay(name: str, engine: TrainingEngine, engine_name: str) -> RouterReplay:
     """The strategy ``actor.router_replay`` names; one that replays refuses an engine that
     cannot (``TrainingEngine.replays_routes``)."""
-    if name not in ROUTER_REPLAYS:
-        raise ValueError(f"actor.router_replay: {name!r} is not one of {', '.join(ROUTER_REPLAYS)}")
-    replay = ROUTER_REPLAYS[name]()
+    from rl_train.engines.training.router_replay_modes import ROUTER_REPLAYS
+
+    replay = ROUTER_REPLAYS.get(name)()
     if replay.replays and not engine.replays_routes:
         raise ValueError(
             f"actor.router_replay {name!r} routes tokens by recorded experts, and actor.engine "
