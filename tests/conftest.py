@@ -91,5 +91,4 @@ from skip_policy import (  # noqa: E402, F401
     pytest_collection_modifyitems,
     pytest_make_collect_report,
     pytest_runtest_makereport,
-    pytest_runtest_setup,
 )

@@ -6,8 +6,8 @@ weight-sync transport unavailable here) would let a green run hide code that nev
 fails, with the test id and the reason, in CI and on a developer's machine alike (the reason
 says what to install). An expected failure is no way round it: an ``xfail`` test fails too,
 whether it failed as expected or passed. A module that skips itself while being collected
-(``pytest.importorskip``) is a collection error. Markers skip before anything else runs, so a
-``gpu`` test that also names a missing package reports the GPU as its reason.
+(``pytest.importorskip``) is a collection error. The markers' skip is the first mark pytest
+reads, so a ``gpu`` test that also names a missing package reports the GPU as its reason.
 
 ``tests/conftest.py`` imports these hooks; ``tests/unit/test_skip_policy.py`` runs them on small
 test files of its own.
@@ -43,20 +43,16 @@ def slow_selected(config: pytest.Config) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     run_slow, has_gpu = slow_selected(config), None
     for item in items:
+        reason = None
         if item.get_closest_marker("slow") is not None and not run_slow:
-            item.stash[MARKER_SKIP] = SLOW_REASON
+            reason = SLOW_REASON
         elif item.get_closest_marker("gpu") is not None:
             has_gpu = cuda_available() if has_gpu is None else has_gpu  # torch is imported only if asked
-            if not has_gpu:
-                item.stash[MARKER_SKIP] = GPU_REASON
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Before pytest's own skip and xfail marks are read, and before any fixture is set up."""
-    reason = item.stash.get(MARKER_SKIP, None)
-    if reason is not None:
-        pytest.skip(reason)
+            reason = None if has_gpu else GPU_REASON
+        if reason is not None:
+            item.stash[MARKER_SKIP] = reason
+            # first of the item's marks: pytest reads skipif marks in order, before skip and xfail
+            item.add_marker(pytest.mark.skipif(True, reason=reason), append=False)
 
 
 @pytest.hookimpl(wrapper=True)
