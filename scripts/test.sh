@@ -10,7 +10,9 @@ if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null
   else
-    echo "note: libibverbs1 is missing and this is not root: the Mooncake tests will be skipped" >&2
+    # only the gpu and slow markers may skip a test (tests/skip_policy.py): these fail without it
+    echo "note: libibverbs1 is missing and this is not root: the Mooncake tests will fail;" \
+      "install it with: sudo apt-get install -y libibverbs1" >&2
   fi
 fi
 

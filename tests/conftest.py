@@ -1,4 +1,5 @@
-"""Shared fixtures: a small HF-format policy on disk, a local Ray, Prefect's test harness."""
+"""Shared fixtures: a small HF-format policy on disk, a local Ray, Prefect's test harness; the
+rule that only the ``gpu`` and ``slow`` markers skip a test (``skip_policy.py``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ if _PREFECT_HOME is not None:
     os.environ["PREFECT_HOME"] = _PREFECT_HOME
 apply_local_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest_plugins = ["pytester"]  # tests/unit/test_skip_policy.py runs pytest on files of its own
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -27,32 +29,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         import shutil
 
         shutil.rmtree(_PREFECT_HOME, ignore_errors=True)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _skip_slow_unless_asked(config, items)
-    try:
-        import torch
-
-        has_gpu = torch.cuda.is_available()
-    except ImportError:
-        has_gpu = False
-    if has_gpu:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh on a GPU machine)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
-
-
-def _skip_slow_unless_asked(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow learning runs (minutes each) run only when selected: ``-m slow`` or RL_TRAIN_RUN_SLOW=1."""
-    if "slow" in (config.getoption("markexpr") or "") or os.environ.get("RL_TRAIN_RUN_SLOW") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow learning run: select with -m slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
@@ -103,8 +79,16 @@ def prefect_harness():
         yield
 
 
-# A local S3 server (moto) for any test: s3_endpoint (session) and s3_root (a bucket per test).
 sys.path.insert(0, str(Path(__file__).parent))
 from moe_fixture import tiny_moe_dir  # noqa: E402, F401
+
+# A local S3 server (moto) for any test: s3_endpoint (session) and s3_root (a bucket per test).
 from s3_fixture import s3_endpoint, s3_root  # noqa: E402, F401
 from sglang_fixture import sglang_options, sglang_server  # noqa: E402, F401
+
+# Only the gpu and slow markers skip a test; any other skip, and any xfail, fails it.
+from skip_policy import (  # noqa: E402, F401
+    pytest_collection_modifyitems,
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)

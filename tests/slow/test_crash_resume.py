@@ -9,6 +9,9 @@ weights of a run never killed. The harness is ``rl_train.bench.crash_harness`` (
 its own); each of the 21 or so launches per mode pays Ray's and the workers' start-up (20 to
 90 s on a busy two-core machine: 10 to 23 minutes per mode, an hour in all), so ``-m slow``.
 ``RL_TRAIN_CRASH_KILLS`` lowers the kill count for a quick look (the claim is about 20).
+
+``.ci/run`` runs the short form on every change: sync mode killed at least 5 times in a
+32-step run, held to every check above and ending bitwise equal to a run never killed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ from rl_train.bench.crash_harness import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(7200)]
 
 NUM_KILLS = int(os.environ.get("RL_TRAIN_CRASH_KILLS", "20"))
+CI_KILLS, CI_TOTAL_STEPS = 5, 32
+"""The short form: start-up is most of a launch's cost (some 20 s), a step a second or less, so
+the run is cut to the steps its kills need and keeps its kills. Each aimed kill costs the run a
+step or two; the random one is placed by a timer, after as many steps as fit in it (7 on a
+loaded machine, in a run whose 5 kills took 12 steps in all). 32 steps leave room for all five
+before the run can end (a run that ends first fails the test), and cover 10 epochs of the 24
+prompts."""
 _reports: dict[str, CrashReport] = {}
 
 
@@ -101,3 +111,23 @@ def test_sync_after_the_kills_ends_bitwise_equal_to_an_uninterrupted_run(
     assert report.baseline_run_dir is not None
     assert Path(report.baseline_run_dir, "policy", "model.safetensors").exists()
     assert report.baseline_problems == [], report.summary()
+
+
+@pytest.mark.timeout(1800)  # 5 kills: 7 launches (Ray, pools and all) with the uninterrupted run
+def test_sync_killed_5_times_ends_bitwise_equal_to_an_uninterrupted_run(
+    crash_inputs: CrashInputs, tmp_path: Path
+) -> None:
+    """The short form ``.ci/run`` runs: every check of this module, on one sync run."""
+    settings = CrashSettings("sync", num_kills=CI_KILLS, seed=0, total_steps=CI_TOTAL_STEPS)
+    report = CrashTest(settings, crash_inputs, tmp_path).run()
+    print(report.summary())
+    assert len(report.killed) >= CI_KILLS, report.summary()
+    assert report.checkpoint_write_kills() and report.weight_sync_kills(), report.summary()
+    assert any(life.torn_after for life in report.lives), "no kill left a torn checkpoint folder"
+    assert report.audit.loaded_steps, "no launch resumed from a checkpoint"
+    assert report.audit.num_trained == CI_TOTAL_STEPS * settings.train_batch_size
+    assert report.baseline_run_dir is not None
+    assert Path(report.baseline_run_dir, "policy", "model.safetensors").exists()
+    # each step and prompt once, every resume from the newest whole checkpoint, no process and
+    # no shared memory left, every checkpoint verifying, final weights and ledger bitwise equal
+    assert report.problems() == [], report.summary()

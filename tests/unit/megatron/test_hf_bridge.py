@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import megatron.core  # noqa: F401  (without a working megatron-core these tests fail, never skip)
 import pytest
 import torch
 from safetensors.torch import load_file
 
-pytest.importorskip("megatron.core")
-
-from rl_train.engines.training.megatron.hf_bridge import (  # noqa: E402
+from rl_train.engines.training.megatron.hf_bridge import (
     UnsupportedModelError,
     check_supported,
     fuse_qkv,
@@ -94,7 +93,6 @@ def test_tensor_parallel_shards_put_back_together_give_the_whole(tiny_model_dir:
     assert embedding[:91].equal(whole["embedding.word_embeddings.weight"]) and not embedding[91:].any()
     with pytest.raises(UnsupportedModelError, match="num_key_value_heads 2 is not divisible"):
         shard_for_tensor_parallel(whole, config, 4, 0)
-
 
 
 def test_pipeline_stages_split_the_layers_and_place_the_ends(tiny_model_dir: Path) -> None:

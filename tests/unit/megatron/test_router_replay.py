@@ -6,17 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
+import megatron.core  # noqa: F401  (without a working megatron-core these tests fail, never skip)
 import torch
+from moe_fixture import EXPERTS, LAYERS, TOP_K
 
-pytest.importorskip("megatron.core")
-
-from moe_fixture import EXPERTS, LAYERS, TOP_K  # noqa: E402
-
-from rl_train.algorithms.actor_loss import build_actor_loss_fn  # noqa: E402
-from rl_train.engines.training.config import ActorConfig  # noqa: E402
-from rl_train.engines.training.registry import build_training_engine  # noqa: E402
-from rl_train.storage.records import collate  # noqa: E402
+from rl_train.algorithms.actor_loss import build_actor_loss_fn
+from rl_train.engines.training.config import ActorConfig
+from rl_train.engines.training.registry import build_training_engine
+from rl_train.storage.records import collate
 
 
 def _records() -> list[dict[str, Any]]:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from weight_sync_helpers import assert_same_weights, available_transports, make_weights
+from weight_sync_helpers import (
+    assert_same_weights,
+    available_transports,
+    bucketed_pairs,
+    make_weights,
+    transport_params,
+)
 from weight_sync_pair import SyncPair
 from weight_sync_peers import Peer
 
 from rl_train.engines.weight_sync.boundaries import ExportError, TransportError, run_sender
-
-TRANSPORT_NAMES = available_transports()
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +22,7 @@ def dead_receivers() -> dict[str, SyncPair]:
     victim = Peer()
     weights = make_weights(0)
     pairs = {
-        name: SyncPair(victim, "bucketed", name, weights, timeout_seconds=3.0) for name in TRANSPORT_NAMES
+        name: SyncPair(victim, "bucketed", name, weights, timeout_seconds=3.0) for name in available_transports()
     }
     victim.process.kill()
     victim.process.join(5)
@@ -27,7 +31,7 @@ def dead_receivers() -> dict[str, SyncPair]:
         pair.close()
 
 
-@pytest.mark.parametrize("transport", TRANSPORT_NAMES)
+@pytest.mark.parametrize("transport", transport_params())
 def test_dead_receiver_fails_the_sender_at_transport(
     dead_receivers: dict[str, SyncPair], transport: str
 ) -> None:
@@ -97,12 +101,7 @@ def test_export_failure_mid_stream_aborts_the_receiver_at_once(peer: Peer) -> No
         pair.close()
 
 
-ENGINE_FAILURE_PAIRS = [("bucketed", name) for name in TRANSPORT_NAMES] + [("delta", "shm")]
-
-
-@pytest.mark.parametrize(
-    ("backend", "transport"), ENGINE_FAILURE_PAIRS, ids=[f"{b}-{t}" for b, t in ENGINE_FAILURE_PAIRS]
-)
+@pytest.mark.parametrize(("backend", "transport"), bucketed_pairs())
 def test_engine_failing_mid_load_reaches_the_sender_and_the_next_sync_works(
     peer: Peer, backend: str, transport: str
 ) -> None:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from weight_sync_helpers import BUCKET_SIZE_BYTES, assert_same_weights, available_transports, make_weights
+from weight_sync_helpers import BUCKET_SIZE_BYTES, assert_same_weights, bucketed_pairs, make_weights
 from weight_sync_peers import Peer, pack_tensors, unpack_tensors
 
 from rl_train.engines.weight_sync.backends import build_weight_sync_backend
 from rl_train.engines.weight_sync.boundaries import run_sender
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 
-PAIRS = [("bucketed", name) for name in available_transports()] + [("delta", "shm")]
 
-
-@pytest.mark.parametrize(("backend", "transport"), PAIRS, ids=[f"{b}-{t}" for b, t in PAIRS])
+@pytest.mark.parametrize(("backend", "transport"), bucketed_pairs())
 def test_every_replica_receives_every_sync_bit_exact(peer: Peer, backend: str, transport: str) -> None:
     cfg = WeightSyncConfig(
         backend=backend,

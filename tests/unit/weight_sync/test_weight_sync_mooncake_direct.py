@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from weight_sync_helpers import assert_same_weights, available_transports, make_weights
+from weight_sync_helpers import assert_same_weights, make_weights, unavailable_marks
 from weight_sync_pair import SyncPair
 
-pytestmark = pytest.mark.skipif(
-    "mooncake" not in available_transports(), reason="the mooncake transport is not installed here"
-)
+pytestmark = unavailable_marks("mooncake")
 
 
 def test_big_chunks_go_direct_and_arrive_bit_exact(peer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,26 +44,44 @@ def assert_same_weights(received: dict[str, torch.Tensor], expected: dict[str, t
     assert not different, f"tensors differ after sync: {different[:5]}"
 
 
+def unavailable_marks(transport: str) -> list[pytest.MarkDecorator]:
+    """None where ``transport`` runs on this machine; else a skip whose reason says why and what
+    to install. Every transport stays in every parameter list, so one this machine lacks shows
+    up as a skip with its reason (which ``tests/skip_policy.py`` fails), never as a case that
+    silently is not there."""
+    try:
+        check_transport_available(transport)
+    except ValueError as exc:
+        return [pytest.mark.skip(reason=str(exc))]
+    return []
+
+
 def runnable_pairs() -> list:
     """Every (backend, transport) pair; those this machine cannot run are skipped with the reason."""
     pairs = [pytest.param("naive", "shm", id="naive")]
     for transport in TRANSPORTS.names():
-        marks = []
-        try:
-            check_transport_available(transport)
-        except ValueError as exc:
-            marks = [pytest.mark.skip(reason=str(exc))]
+        marks = unavailable_marks(transport)
         for backend in ("bucketed", "delta"):
             pairs.append(pytest.param(backend, transport, id=f"{backend}-{transport}", marks=marks))
     return pairs
 
 
+def transport_params() -> list:
+    """Every transport, as parameters; those this machine cannot run are skipped with the reason."""
+    return [pytest.param(name, id=name, marks=unavailable_marks(name)) for name in TRANSPORTS.names()]
+
+
+def bucketed_pairs() -> list:
+    """The bucketed backend over every transport (skipped with the reason where unavailable),
+    and the delta backend over shared memory."""
+    pairs = [
+        pytest.param("bucketed", name, id=f"bucketed-{name}", marks=unavailable_marks(name))
+        for name in TRANSPORTS.names()
+    ]
+    return [*pairs, pytest.param("delta", "shm", id="delta-shm")]
+
+
 def available_transports() -> list[str]:
-    names = []
-    for name in TRANSPORTS.names():
-        try:
-            check_transport_available(name)
-        except ValueError:
-            continue
-        names.append(name)
-    return names
+    """The transports this machine runs (what a module-scoped fixture builds for the cases of
+    ``transport_params`` that are not skipped)."""
+    return [name for name in TRANSPORTS.names() if not unavailable_marks(name)]
