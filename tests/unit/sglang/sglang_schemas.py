@@ -89,7 +89,12 @@ def _run_file(name: str, path: Path) -> types.ModuleType:
 @cache
 def io_struct() -> types.ModuleType:
     """sglang's ``io_struct`` module, run from the installed package (see the module docstring)."""
-    installed = importlib.metadata.version("sglang")
+    try:
+        installed = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError(
+            f"sglang is not installed: pip install --no-deps 'sglang=={SGLANG_VERSION}' (scripts/test.sh does)"
+        ) from None
     if installed != SGLANG_VERSION:
         raise RuntimeError(f"sglang {installed} is installed; the test server is checked against {SGLANG_VERSION}")
     root = Path(str(importlib.metadata.distribution("sglang").locate_file("sglang")))
