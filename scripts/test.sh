@@ -20,6 +20,8 @@ fi
 .venv/bin/python -m pip --version >/dev/null 2>&1 || python3 -m venv --clear .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[cpu,test,mooncake-cpu,megatron]'
+# sglang's request/response types for the CPU sglang test server (pyproject extra sglang-schemas)
+.venv/bin/python -m pip install -q --no-deps 'sglang==0.5.9'
 
 export RAY_AUTH_MODE=disabled
 status=0

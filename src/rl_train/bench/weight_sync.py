@@ -23,7 +23,7 @@ import torch
 
 from rl_train.engines.weight_sync.backends import build_weight_sync_backend
 from rl_train.engines.weight_sync.boundaries import run_receiver, run_sender, write_entries
-from rl_train.engines.weight_sync.config import WeightSyncConfig
+from rl_train.engines.weight_sync.config import MooncakeConfig, WeightSyncConfig
 from rl_train.engines.weight_sync.transports import TRANSPORTS, check_transport_available
 
 TENSOR_BYTES = 4 << 20
@@ -98,14 +98,13 @@ def serve(conn: Connection, size_mb: int) -> None:
             key, version = args
             conn.send(run_receiver(engine, receivers[key], None, version, 300.0))
         elif command == "raw_mooncake":
-            _serve_raw_mooncake(conn, args[0])
+            _serve_raw_mooncake(conn, args[0], MooncakeConfig.model_validate(args[1]))
 
 
-def _serve_raw_mooncake(conn: Connection, nbytes: int) -> None:
-    from mooncake.engine import TransferEngine
+def _serve_raw_mooncake(conn: Connection, nbytes: int, settings: MooncakeConfig) -> None:
+    from rl_train.engines.weight_sync.transports.mooncake import start_engine
 
-    engine = TransferEngine()
-    engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+    engine = start_engine("127.0.0.1", **settings.model_dump())  # the transport's protocol and devices
     buffer = torch.zeros(nbytes, dtype=torch.uint8)
     engine.register_memory(buffer.data_ptr(), nbytes)
     conn.send((f"127.0.0.1:{engine.get_rpc_port()}", buffer.data_ptr()))
@@ -134,14 +133,13 @@ def measure_memcpy(weights: dict[str, torch.Tensor], repeats: int) -> float:
     return best_seconds(copy, repeats)
 
 
-def measure_raw_mooncake(conn: Connection, nbytes: int, repeats: int) -> float:
-    from mooncake.engine import TransferEngine
+def measure_raw_mooncake(conn: Connection, nbytes: int, repeats: int, settings: MooncakeConfig) -> float:
+    from rl_train.engines.weight_sync.transports.mooncake import start_engine
 
-    engine = TransferEngine()
-    engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+    engine = start_engine("127.0.0.1", **settings.model_dump())
     source = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     engine.register_memory(source.data_ptr(), nbytes)
-    conn.send(("raw_mooncake", nbytes))
+    conn.send(("raw_mooncake", nbytes, settings.model_dump()))
     session, address = conn.recv()
 
     def write() -> None:
@@ -167,6 +165,7 @@ class Session:
             bucket_size_bytes=args.bucket_mb << 20,
             delta_threads=args.delta_threads,
             timeout_seconds=300.0,
+            mooncake=mooncake_settings(args) if transport == "mooncake" else MooncakeConfig(),
         )
         self.sender = build_weight_sync_backend(cfg).build_sender()
         self.key = f"{backend}-{transport}"
@@ -198,7 +197,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--transports", nargs="*", default=None, help="transports to run (default: all available here)"
     )
+    parser.add_argument(
+        "--mooncake-protocol", choices=["tcp", "rdma"], default="tcp", help="the mooncake transport's protocol"
+    )
+    parser.add_argument(
+        "--mooncake-devices", default="auto", help="rdma: device names, comma-separated, or auto (default)"
+    )
     return parser.parse_args(argv)
+
+
+def mooncake_settings(args: argparse.Namespace) -> MooncakeConfig:
+    """``rollout.weight_sync.mooncake`` for the bench: the raw engine and the transport share it."""
+    if args.mooncake_protocol == "tcp":
+        return MooncakeConfig()
+    return MooncakeConfig(protocol="rdma", devices=args.mooncake_devices)
 
 
 def available(transports: list[str] | None) -> list[str]:
@@ -226,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     gbps = {"memcpy": total / measure_memcpy(weights, args.repeats) / 1e9}
     raw_seconds = []
     if "mooncake" in transports:  # measured before and after the backends; the faster one counts
-        raw_seconds.append(measure_raw_mooncake(conn, total, args.repeats))
+        raw_seconds.append(measure_raw_mooncake(conn, total, args.repeats, mooncake_settings(args)))
+        print(f"mooncake over {args.mooncake_protocol}")
     print(f"{total / 1e6:.0f} MB in {len(weights)} tensors, buckets of {args.bucket_mb} MiB")
     full_seconds: dict[str, float] = {}
     for transport in transports:
@@ -236,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         gbps[f"bucketed {transport}"] = total / full_seconds[transport] / 1e9
         session.sender.close()
     if raw_seconds:
-        raw_seconds.append(measure_raw_mooncake(conn, total, args.repeats))
+        raw_seconds.append(measure_raw_mooncake(conn, total, args.repeats, mooncake_settings(args)))
         gbps["raw mooncake"] = total / min(raw_seconds) / 1e9
     for name, rate in gbps.items():
         line = f"{name:<22} {rate:7.2f} GB/s  {rate / gbps['memcpy']:5.2f}x memcpy"

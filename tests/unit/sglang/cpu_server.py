@@ -10,6 +10,13 @@ shapes. Where the built-in engine differs: a batch is sampled from one stream se
 first request's ``sampling_seed``, requests with different sampling parameters are run as
 separate batches, and the weight group is gloo.
 
+Every request is held to sglang's own request type for its endpoint, and every answer that
+sglang has a type for to that type (``sglang_schemas.py``: the types of sglang 0.5.9, the
+version checked, taken from the installed package): a request sglang would not take is
+answered HTTP 422 naming the type and the misfit, and an answer of this server's that does
+not fit is turned into HTTP 500, so neither the backend nor this server can drift from sglang
+unnoticed. ``GET /test/state`` counts the requests checked per endpoint.
+
 ``POST /test/fault`` sets a fault for the tests of the backend's failure handling:
 ``{"mode": "malformed"}`` (``/generate`` answers a body of the wrong shape), ``{"mode":
 "error"}`` (HTTP 500 with a message), ``{"mode": "slow", "seconds": S}`` (answers after S
@@ -21,9 +28,11 @@ only T calls fault.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +42,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from safetensors.torch import load_file
+from sglang_schemas import SchemaError, check_request, check_response, io_struct  # beside this script
 
 from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
@@ -49,8 +59,10 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
         "store": None,
         "weight_version": "0",
         "calls": {},
+        "checked": {},
     }
     lock = threading.Lock()  # one weight change at a time
+    add_conformance_check(app, state, int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]))
 
     def fault_now(endpoint: str) -> str:
         """The fault mode of this call: only calls of the fault's ``endpoint`` (default
@@ -87,11 +99,13 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
     async def load() -> list[dict[str, Any]]:
         """As sglang's: per data-parallel rank, the requests it is decoding (here: those inside
         the engine's decode loop, counted once their abort flag is armed)."""
-        return [{"dp_rank": 0, "num_reqs": engine._in_flight, "num_waiting_reqs": 0}]
+        return [
+            {"dp_rank": 0, "num_reqs": engine._in_flight, "num_waiting_reqs": 0, "num_tokens": 0, "ts_tic": time.time()}
+        ]
 
     @app.get("/test/state")
     async def test_state() -> dict[str, Any]:
-        return {"fault": state["fault"], "calls": state["calls"]}
+        return {"fault": state["fault"], "calls": state["calls"], "checked": state["checked"]}
 
     @app.post("/test/fault")
     async def set_fault(request: Request) -> dict[str, Any]:
@@ -230,6 +244,34 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
         return weights[body["name"]].float().tolist()
 
     return app
+
+
+def add_conformance_check(app: FastAPI, state: dict[str, Any], vocab_size: int) -> None:
+    """Hold every request, and every answer sglang has a type for, to sglang's types
+    (``/test/*`` excepted: it is this server's own)."""
+    io_struct()  # fail at start, naming the version, where sglang's types cannot be loaded
+
+    @app.middleware("http")
+    async def conform(request: Request, call_next: Any) -> Response:
+        endpoint = request.url.path
+        if endpoint.startswith("/test/"):
+            return await call_next(request)
+        raw = await request.body()
+        try:
+            check_request(endpoint, json.loads(raw) if raw else None, vocab_size)
+        except (SchemaError, json.JSONDecodeError) as error:
+            return JSONResponse({"object": "error", "message": str(error), "code": 422}, 422)
+        state["checked"][endpoint] = state["checked"].get(endpoint, 0) + 1
+        response = await call_next(request)
+        content = b"".join([chunk async for chunk in response.body_iterator])
+        is_json = response.headers.get("content-type", "").startswith("application/json")
+        answer = json.loads(content) if content and is_json else None
+        if response.status_code < 300 or (isinstance(answer, dict) and "success" in answer):
+            try:
+                check_response(endpoint, answer)
+            except SchemaError as error:
+                return JSONResponse({"object": "error", "message": f"test server: {error}", "code": 500}, 500)
+        return Response(content, response.status_code, dict(response.headers))
 
 
 def main() -> None:

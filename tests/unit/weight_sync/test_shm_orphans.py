@@ -30,7 +30,7 @@ def test_segments_of_a_dead_sender_are_swept_and_a_live_senders_are_kept(tmp_pat
 def test_a_sender_names_its_segments_with_its_pid() -> None:
     from rl_train.engines.weight_sync.transports.shm import Sender
 
-    sender = Sender(1024, "127.0.0.1")
+    sender = Sender(1024, "127.0.0.1", {})
     try:
         names = sender.descriptor()["names"]
         assert all(name.startswith(f"{SEGMENT_PREFIX}{os.getpid()}_") for name in names)

@@ -17,7 +17,8 @@ from rl_train.engines.weight_sync.wire import Deadline
 
 
 def build_stream_sender(cfg: WeightSyncConfig) -> StreamSender:
-    return StreamSender(cfg.transport, cfg.bucket_size_bytes, cfg.num_receivers, cfg.host or node_ip())
+    host = cfg.host or node_ip()
+    return StreamSender(cfg.transport, cfg.bucket_size_bytes, cfg.num_receivers, host, cfg.transport_options())
 
 
 class BucketedSender:

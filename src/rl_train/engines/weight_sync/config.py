@@ -6,13 +6,64 @@ with its install hint before any worker starts, never in the middle of a run.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from rl_train.algorithms.config import StrictModel
 from rl_train.engines.weight_sync.backends import WEIGHT_SYNC_BACKENDS
 from rl_train.engines.weight_sync.transports import TransportName, check_transport_available
+
+RDMA_DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""What an RDMA device name looks like (``mlx5_0``, ``rocep1s0f0``): Mooncake takes the names
+joined by commas and they are looked up under /sys/class/infiniband, so no comma, no slash."""
+
+
+class MooncakeConfig(StrictModel):
+    """``rollout.weight_sync.mooncake``: how the Mooncake transport moves bytes.
+
+    Mooncake itself picks RDMA whenever its device scan finds an active RDMA device and TCP
+    otherwise, whatever protocol it is handed; the transport makes this choice explicit: `tcp`
+    is forced to TCP, and `rdma` checks its devices on each node before the engine starts and
+    fails naming them rather than falling back to TCP.
+    """
+
+    protocol: Literal["tcp", "rdma"] = "tcp"
+    """`tcp` (any host), or `rdma` over the RDMA devices named in `devices`."""
+    devices: list[str] | Literal["auto"] = Field(default_factory=list, validate_default=True)
+    """`rdma`: the RDMA devices each node uses, e.g. [mlx5_0, mlx5_1] (the same names on every
+    node), or `auto`: every active device under /sys/class/infiniband of each node. `tcp`: none."""
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _split_names(cls, devices: object) -> object:
+        """``mlx5_0,mlx5_1`` (an override, or Mooncake's own spelling) is the list of both."""
+        if isinstance(devices, str) and devices != "auto":
+            return [name.strip() for name in devices.split(",") if name.strip()]
+        return devices
+
+    @field_validator("devices")
+    @classmethod
+    def _check_devices(cls, devices: list[str] | str, info: ValidationInfo) -> list[str] | str:
+        """Messages name no field: pydantic puts this field's path (``…mooncake.devices``) before them."""
+        protocol = info.data.get("protocol")
+        if protocol == "tcp" and devices:
+            raise ValueError(
+                f"got {devices!r}, but protocol 'tcp' uses no RDMA device; set [] or protocol: rdma"
+            )
+        if protocol == "rdma" and not devices:
+            raise ValueError(
+                "got [], but protocol 'rdma' needs the RDMA devices to use: their names "
+                "(e.g. [mlx5_0, mlx5_1], as listed under /sys/class/infiniband) or 'auto' (every active one)"
+            )
+        if isinstance(devices, list):
+            bad = [name for name in devices if not RDMA_DEVICE_NAME.fullmatch(name)]
+            if bad:
+                raise ValueError(f"{bad!r} are not RDMA device names (letters, digits, '_', '.', '-')")
+            if len(set(devices)) != len(devices):
+                raise ValueError(f"{devices!r} names a device twice")
+        return devices
 
 
 class WeightSyncConfig(StrictModel):
@@ -34,10 +85,25 @@ class WeightSyncConfig(StrictModel):
     """`delta`: sender threads that diff each export against the snapshot (a sync-time cost only)."""
     delta_snapshot: Literal["host", "device"] = "host"
     """`delta`: where the sender's snapshot lives; `device` diffs on the GPU, costing one model copy there."""
+    mooncake: MooncakeConfig = Field(default_factory=MooncakeConfig)
+    """`mooncake` transport: TCP or RDMA, and over which RDMA devices."""
+
+    def transport_options(self) -> dict[str, Any]:
+        """The chosen transport's own section as plain data (the transports sit below this
+        config and never import it): ``mooncake`` for Mooncake, ``{}`` for the others."""
+        sections: dict[str, StrictModel] = {"mooncake": self.mooncake}
+        section = sections.get(self.transport)
+        return section.model_dump() if section is not None else {}
 
     @model_validator(mode="after")
     def _check_available(self) -> WeightSyncConfig:
-        if WEIGHT_SYNC_BACKENDS.get(self.backend).uses_transport:
+        uses_transport = WEIGHT_SYNC_BACKENDS.get(self.backend).uses_transport
+        if self.mooncake.protocol == "rdma" and not (uses_transport and self.transport == "mooncake"):
+            raise ValueError(
+                f"rollout.weight_sync.mooncake.protocol: 'rdma' is set, but backend {self.backend!r} over transport "
+                f"{self.transport!r} does not use Mooncake (set transport: mooncake with backend bucketed or delta)"
+            )
+        if uses_transport:
             try:
                 check_transport_available(self.transport)
             except ValueError as exc:

@@ -43,8 +43,10 @@ HELLO_MAX_META_BYTES = 64 << 10
 
 
 class StreamSender:
-    def __init__(self, transport: str, bucket_size_bytes: int, num_receivers: int, host: str) -> None:
-        self._transport = get_transport(transport).Sender(bucket_size_bytes, host)
+    def __init__(
+        self, transport: str, bucket_size_bytes: int, num_receivers: int, host: str, options: dict[str, Any]
+    ) -> None:
+        self._transport = get_transport(transport).Sender(bucket_size_bytes, host, options)
         self._server = wire.listen(host)
         self._num_receivers = num_receivers
         self._conns: list[socket.socket] = []

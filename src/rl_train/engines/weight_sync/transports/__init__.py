@@ -1,7 +1,10 @@
 """Byte movers under the bucketed and delta backends, in the ``TRANSPORTS`` table.
 
-Each transport is a module of this package defining ``Sender(bucket_size_bytes, host)``,
-``Receiver(descriptor)`` and ``available()``; the table names it by import path, so the
+Each transport is a module of this package defining ``Sender(bucket_size_bytes, host, options)``,
+``Receiver(descriptor)`` and ``available()``; ``options`` is the transport's own section of
+``rollout.weight_sync`` as plain data, validated at config load (``{}`` for a transport without
+one: ``WeightSyncConfig.transport_options``), and a sender that needs it on the receivers puts
+it in its descriptor. The table names each transport by import path, so the
 config check (in the driver, which never imports torch) imports only the transports that
 need more than Python and torch to run.
 """

@@ -3,23 +3,39 @@
 Uses the Mooncake TransferEngine with peer-to-peer handshakes (no metadata server): every
 receiver registers two bucket buffers and tells the sender its session address and the
 buffer addresses; the sender registers its own two buffers and writes each bucket with
-one ``batch_transfer_sync_write``, big chunks straight from the exported tensors. Over TCP
-on CPU hosts (``mooncake-transfer-engine-non-cuda`` plus ``libibverbs1``), over RDMA with
-the CUDA wheel on GPU clusters.
+one ``batch_transfer_sync_write``, big chunks straight from the exported tensors.
+
+``rollout.weight_sync.mooncake`` picks the protocol: ``tcp`` (any host; on CPU hosts
+``mooncake-transfer-engine-non-cuda`` plus ``libibverbs1``) or ``rdma`` over named devices
+(or every active one). Mooncake decides by itself from its device scan (RDMA whenever it
+finds an active device, TCP otherwise) and takes the protocol argument only as a hint, so the
+choice is enforced here: ``tcp`` starts the engine with ``MC_FORCE_TCP`` set, and ``rdma``
+checks the devices in sysfs first (``rdma_devices``) and starts the engine with
+``MC_FORCE_TCP`` unset and only those devices in its filter. The sender's settings travel in
+its descriptor, so each receiver starts its engine the same way (``auto`` resolved on its own
+node).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from rl_train.engines.node_address import is_loopback, node_ip
 from rl_train.engines.weight_sync.errors import TransportError, WireFormatError
+from rl_train.engines.weight_sync.transports.rdma_devices import resolve_devices
 from rl_train.engines.weight_sync.wire import Deadline
 
-PROTOCOL = "tcp"
+FORCE_TCP_VARIABLE = "MC_FORCE_TCP"
+"""Mooncake installs only its TCP transport while this is set (to anything) at ``initialize``."""
+_ENVIRONMENT_LOCK = threading.Lock()
+"""Engines started from two threads at once must not see each other's ``MC_FORCE_TCP``."""
 
 
 def available() -> str:
@@ -30,12 +46,36 @@ def available() -> str:
     return ""
 
 
-def _start_engine(host: str) -> Any:
+@contextlib.contextmanager
+def _forced_tcp(force: bool) -> Iterator[None]:
+    """``MC_FORCE_TCP`` set (tcp) or unset (rdma) for the time of one ``initialize``, then restored."""
+    with _ENVIRONMENT_LOCK:
+        before = os.environ.get(FORCE_TCP_VARIABLE)
+        if force:
+            os.environ[FORCE_TCP_VARIABLE] = "1"
+        else:
+            os.environ.pop(FORCE_TCP_VARIABLE, None)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(FORCE_TCP_VARIABLE, None)
+            else:
+                os.environ[FORCE_TCP_VARIABLE] = before
+
+
+def start_engine(host: str, protocol: str = "tcp", devices: list[str] | str = "") -> Any:
+    """A TransferEngine on ``host`` over exactly ``protocol``: ``tcp``, or ``rdma`` over
+    ``devices`` (names, or ``auto``), as ``rollout.weight_sync.mooncake`` holds them."""
     from mooncake.engine import TransferEngine
 
+    names = resolve_devices(devices) if protocol == "rdma" else []
     engine = TransferEngine()
-    if engine.initialize(host, "P2PHANDSHAKE", PROTOCOL, "") != 0:
-        raise TransportError(f"Mooncake TransferEngine failed to initialise on {host} over {PROTOCOL}")
+    with _forced_tcp(protocol != "rdma"):
+        status = engine.initialize(host, "P2PHANDSHAKE", protocol, ",".join(names))
+    if status != 0:
+        over = f"rdma on {', '.join(names)}" if names else protocol
+        raise TransportError(f"Mooncake TransferEngine failed to initialise on {host} over {over}")
     return engine
 
 
@@ -56,8 +96,10 @@ class Sender:
 
     data_before_meta = True
 
-    def __init__(self, bucket_size_bytes: int, host: str) -> None:
-        self._engine = _start_engine(host)
+    def __init__(self, bucket_size_bytes: int, host: str, options: dict[str, Any]) -> None:
+        self._options = {"protocol": options.get("protocol", "tcp"), "devices": options.get("devices", [])}
+        """``rollout.weight_sync.mooncake``; the receivers get it in the descriptor."""
+        self._engine = start_engine(host, **self._options)
         self.buffers = [torch.zeros(bucket_size_bytes, dtype=torch.uint8) for _ in range(2)]
         _register(self._engine, self.buffers)
         self._peers: list[tuple[str, list[int]]] = []
@@ -67,7 +109,7 @@ class Sender:
         """(address, bytes) -> how many pending chunks lie there (one export may alias a tensor)."""
 
     def descriptor(self) -> dict[str, Any]:
-        return {}
+        return {"mooncake": dict(self._options)}
 
     def plan(self, hellos: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for hello in hellos:
@@ -144,7 +186,7 @@ class Receiver:
         sender = descriptor.get("host", "127.0.0.1")
         host = sender if is_loopback(sender) else node_ip()  # this receiver's own node, as peers reach it
         self._host = host
-        self._engine = _start_engine(host)
+        self._engine = start_engine(host, **descriptor["mooncake"])
         size = descriptor["bucket_size_bytes"]
         self._buffers = [torch.zeros(size, dtype=torch.uint8) for _ in range(2)]
         _register(self._engine, self._buffers)

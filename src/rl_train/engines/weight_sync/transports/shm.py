@@ -75,7 +75,7 @@ def _alive(pid: int) -> bool:
 class Sender:
     data_before_meta = True
 
-    def __init__(self, bucket_size_bytes: int, host: str) -> None:
+    def __init__(self, bucket_size_bytes: int, host: str, options: dict[str, Any]) -> None:
         sweep_orphaned_segments()
         prefix = f"{SEGMENT_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}"
         self._segments = [

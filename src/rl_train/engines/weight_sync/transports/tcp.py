@@ -23,7 +23,7 @@ def available() -> str:
 class Sender:
     data_before_meta = False
 
-    def __init__(self, bucket_size_bytes: int, host: str) -> None:
+    def __init__(self, bucket_size_bytes: int, host: str, options: dict[str, Any]) -> None:
         self.buffers = [torch.empty(bucket_size_bytes, dtype=torch.uint8) for _ in range(2)]
         self._conns: list[socket.socket] = []
 

@@ -66,7 +66,7 @@ def _broadcast(group: Any, tensor: torch.Tensor, deadline: Deadline, waiting_for
 class Sender:
     data_before_meta = False
 
-    def __init__(self, bucket_size_bytes: int, host: str) -> None:
+    def __init__(self, bucket_size_bytes: int, host: str, options: dict[str, Any]) -> None:
         from torch.distributed import TCPStore
 
         self._host = host
