@@ -1,5 +1,9 @@
-"""Mooncake over RDMA, bit-exact, on a machine with an active RDMA device (``scripts/gpu_check.sh``
-runs it; elsewhere it is skipped, naming what the node has under /sys/class/infiniband).
+"""Mooncake over RDMA, bit-exact, on a machine with an active RDMA device.
+
+Marked ``gpu``: RDMA devices come with the GPU machines, and ``scripts/gpu_check.sh`` runs this
+file on its own where the node has a usable device (its ``gpu`` step leaves it out). On a GPU
+machine without one it fails, naming what the node has under /sys/class/infiniband: only the
+``gpu`` and ``slow`` markers may skip a test.
 
 The sender's own Mooncake log is read back to show that the engine found RDMA devices and
 installed its RDMA transport: the transport refuses to start ``rdma`` without a usable
@@ -25,7 +29,7 @@ def _no_rdma_here() -> str:
     return f"no usable RDMA device on this node ({rdma_devices.describe_devices()})"
 
 
-pytestmark = pytest.mark.skipif(bool(_no_rdma_here()), reason=_no_rdma_here() or "RDMA available")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(_no_rdma_here()), reason=_no_rdma_here() or "RDMA available")]
 
 
 @pytest.mark.parametrize("backend", ["bucketed", "delta"])

@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:  # the driver builds backends and never imports torch
     import torch
 
-    from rl_train.engines.weight_sync.config import WeightSyncConfig
-
 NamedTensors = Iterable[tuple[str, "torch.Tensor"]]
 SparseUpdates = Iterable[tuple[str, "torch.Tensor", "torch.Tensor"]]
 """(tensor name, flat int positions, new values) of entries to overwrite in place."""
@@ -124,10 +122,3 @@ class WeightSyncBackend(Protocol):
 
     def build_receiver(self, descriptor: dict[str, Any]) -> WeightReceiver: ...
 
-
-def build_weight_sync_backend(cfg: WeightSyncConfig) -> WeightSyncBackend:
-    """Instantiate the backend named by ``cfg.backend`` from the ``WEIGHT_SYNC_BACKENDS`` table
-    in ``backends``."""
-    from rl_train.engines.weight_sync.backends import build_weight_sync_backend
-
-    return build_weight_sync_backend(cfg)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from rl_train.engines.weight_sync.base import build_weight_sync_backend
+from rl_train.engines.weight_sync.backends import build_weight_sync_backend
 from rl_train.engines.workers.pending import RayPending, wait_all
 from rl_train.engines.workers.queue_pool import QueuePool
 from rl_train.engines.workers.rollout_pool import RolloutPool
