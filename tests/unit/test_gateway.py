@@ -17,9 +17,10 @@ from openai import OpenAI
 from rl_train.engines.agent.batcher import MicroBatcher
 from rl_train.engines.agent.chat import generation_spans
 from rl_train.engines.agent.gateway_core import GatewayCore
+from rl_train.engines.agent.gateway import GatewayLimits
 from rl_train.engines.agent.gateway_server import GatewayServer
 from rl_train.engines.agent.loop import AgentLimits, ToolAgentLoop
-from rl_train.engines.agent.sessions import SessionStore
+from rl_train.engines.agent.sessions import Session, SessionStore
 from rl_train.engines.model.tokenizer import load_tokenizer
 from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, SamplingParams
 from rl_train.examples.calculator_agent import CALCULATOR, solve
@@ -63,10 +64,16 @@ def gateway(tokenizer) -> Iterator[tuple[GatewayCore, GatewayServer, Scripted]]:
     engine = Scripted(tokenizer, [CALL, "42"])
     batcher = MicroBatcher(engine, window_s=0.02)
     core = GatewayCore(batcher.generate, tokenizer, lambda: engine.version, SessionStore(max_requests_per_second=1000))
-    server = GatewayServer(core, max_body_bytes=64 * 1024).start()
+    server = GatewayServer(core, limits=GatewayLimits(max_body_bytes=64 * 1024)).start()
     yield core, server, engine
     server.stop()
     batcher.close()
+
+
+def _open(core: GatewayCore, session_id: str, max_response_tokens: int, max_turns: int, task: str = "12+30=") -> Session:
+    """A session for ``task``, its ids as a rollout replica encodes a prompt (BOS, then the text)."""
+    ids = [core.tokenizer.bos_token_id, *core.tokenizer.encode(task, add_special_tokens=False)]
+    return core.open_session(session_id, max_response_tokens, max_turns, task_ids=ids)
 
 
 def _client(server: GatewayServer, token: str) -> OpenAI:
@@ -76,7 +83,7 @@ def _client(server: GatewayServer, token: str) -> OpenAI:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_black_box_agent_solves_its_task_through_the_official_client(gateway, tokenizer, stream: bool) -> None:
     core, server, _ = gateway
-    session = core.open_session("g/0", 200, 4)
+    session = _open(core, "g/0", 200, 4)
     answer = solve(_client(server, session.token), "rl-train-policy", "12+30=", stream=stream)
     assert answer == "42"
     trajectory = core.end_session("g/0")
@@ -90,17 +97,17 @@ def test_a_black_box_agent_solves_its_task_through_the_official_client(gateway, 
 
 def test_a_session_asks_to_keep_its_keys_until_its_last_turn(gateway) -> None:
     core, server, engine = gateway
-    session = core.open_session("g/k", 200, 2)
+    session = _open(core, "g/k", 200, 2)
     assert solve(_client(server, session.token), "rl-train-policy", "12+30=") == "42"
     assert engine.keep_kv == [True, False]  # the second turn is the session's last
 
 
 def test_models_and_tool_calls_look_as_openai_s_do(gateway) -> None:
     core, server, _ = gateway
-    session = core.open_session("g/1", 200, 4)
+    session = _open(core, "g/1", 200, 4)
     client = _client(server, session.token)
     assert [m.id for m in client.models.list().data] == ["rl-train-policy"]
-    reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "12+30="}], tools=[CALCULATOR])
+    reply = client.chat.completions.create(model="rl-train-policy", messages=[{"role": "user", "content": "12+30="}], tools=[CALCULATOR])
     call = reply.choices[0].message.tool_calls[0]
     assert reply.choices[0].finish_reason == "tool_calls" and call.function.name == "calculator"
     assert json.loads(call.function.arguments) == {"expression": "12+30"}
@@ -109,10 +116,10 @@ def test_models_and_tool_calls_look_as_openai_s_do(gateway) -> None:
 
 def test_a_session_only_answers_its_own_token_and_only_grows(gateway) -> None:
     core, server, _ = gateway
-    mine = core.open_session("g/a", 200, 4)
-    other = core.open_session("g/b", 200, 4)
+    mine = _open(core, "g/a", 200, 4)
+    other = _open(core, "g/b", 200, 4)
     first = [{"role": "user", "content": "12+30="}]
-    _client(server, mine.token).chat.completions.create(model="x", messages=first)
+    _client(server, mine.token).chat.completions.create(model="rl-train-policy", messages=first)
     before = (list(mine.trajectory.response_ids), list(mine.transcript))  # type: ignore[union-attr]
     raw = httpx.Client(base_url=server.base_url, timeout=10)
     for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "Basic " + mine.token}):
@@ -121,12 +128,12 @@ def test_a_session_only_answers_its_own_token_and_only_grows(gateway) -> None:
     # the other session's token, with this session's history: refused by that session, nothing changes
     hijack = first + [{"role": "assistant", "content": "", "tool_calls": [{"id": "call_g/a_1", "type": "function",
               "function": {"name": "calculator", "arguments": '{"expression": "12+30"}'}}]}, {"role": "tool", "tool_call_id": "call_g/a_1", "content": "99"}]  # fmt: skip
-    answer = raw.post("/chat/completions", json={"messages": hijack}, headers={"authorization": f"Bearer {other.token}"})
+    answer = raw.post("/chat/completions", json={"model": "rl-train-policy", "messages": hijack}, headers={"authorization": f"Bearer {other.token}"})
     assert answer.status_code in (400, 409) and answer.json()["error"]["message"]
     assert (list(mine.trajectory.response_ids), list(mine.transcript)) == before  # type: ignore[union-attr]
     # this session, with a history that is not its own: 409, nothing changes
     rewritten = [{"role": "user", "content": "99+1="}, {"role": "user", "content": "more"}]
-    answer = raw.post("/chat/completions", json={"messages": rewritten}, headers={"authorization": f"Bearer {mine.token}"})
+    answer = raw.post("/chat/completions", json={"model": "rl-train-policy", "messages": rewritten}, headers={"authorization": f"Bearer {mine.token}"})
     assert answer.status_code == 409 and "messages[0]" in answer.json()["error"]["message"]
     assert (list(mine.trajectory.response_ids), list(mine.transcript)) == before  # type: ignore[union-attr]
     core.end_session("g/a")
@@ -138,9 +145,9 @@ def test_size_and_rate_are_bounded(tokenizer) -> None:
     engine = Scripted(tokenizer, ["1"])
     batcher = MicroBatcher(engine, window_s=0.0)
     core = GatewayCore(batcher.generate, tokenizer, lambda: 0, SessionStore(max_requests_per_second=3))
-    server = GatewayServer(core, max_body_bytes=2048).start()
+    server = GatewayServer(core, limits=GatewayLimits(max_body_bytes=2048)).start()
     try:
-        session = core.open_session("s", 200, 50)
+        session = _open(core, "s", 200, 50)
         raw = httpx.Client(base_url=server.base_url, timeout=10, headers={"authorization": f"Bearer {session.token}"})
         big = raw.post("/chat/completions", json={"messages": [{"role": "user", "content": "x" * 5000}]})
         assert big.status_code == 413
@@ -180,15 +187,17 @@ def _malformed(rng: random.Random) -> bytes | dict:
 
 def test_hundreds_of_malformed_requests_crash_nothing_and_touch_no_other_session(gateway) -> None:
     core, server, _ = gateway
-    victim = core.open_session("g/v", 200, 4)
-    _client(server, victim.token).chat.completions.create(model="x", messages=[{"role": "user", "content": "12+30="}])
+    victim = _open(core, "g/v", 200, 4)
+    _client(server, victim.token).chat.completions.create(model="rl-train-policy", messages=[{"role": "user", "content": "12+30="}])
     before = (list(victim.trajectory.response_ids), list(victim.transcript))  # type: ignore[union-attr]
-    fuzzed = core.open_session("g/f", 200, 4)
+    fuzzed = _open(core, "g/f", 200, 4)
     raw = httpx.Client(base_url=server.base_url, timeout=10, headers={"authorization": f"Bearer {fuzzed.token}"})
     rng = random.Random(7)
     statuses = []
     for _ in range(300):
         body = _malformed(rng)
+        if isinstance(body, dict):
+            body = {"model": "rl-train-policy", **body}
         answer = raw.post("/chat/completions", content=body) if isinstance(body, bytes) else raw.post("/chat/completions", json=body)
         statuses.append(answer.status_code)
         assert answer.status_code < 500, (body, answer.text)
@@ -196,16 +205,16 @@ def test_hundreds_of_malformed_requests_crash_nothing_and_touch_no_other_session
             assert answer.json()["error"]["message"]
     assert statuses.count(400) > 200
     assert (list(victim.trajectory.response_ids), list(victim.transcript)) == before  # type: ignore[union-attr]
-    fresh = core.open_session("g/after", 200, 4)
-    reply = _client(server, fresh.token).chat.completions.create(model="x", messages=[{"role": "user", "content": "12+30="}])
+    fresh = _open(core, "g/after", 200, 4)
+    reply = _client(server, fresh.token).chat.completions.create(model="rl-train-policy", messages=[{"role": "user", "content": "12+30="}])
     assert reply.choices[0].message.tool_calls  # the server still answers
 
 
 def test_the_gateway_and_the_tool_loop_write_the_same_record(gateway, tokenizer) -> None:
     """Identical sampled tokens give identical token-level records, whichever front end."""
     core, server, engine = gateway
-    session = core.open_session("g/same", 200, 4)
-    solve(_client(server, session.token), "x", "12+30=")
+    session = _open(core, "g/same", 200, 4)
+    solve(_client(server, session.token), "rl-train-policy", "12+30=")
     via_gateway = core.end_session("g/same")
     loop = ToolAgentLoop(engine, AgentLimits(max_turns=4, max_response_tokens=200))  # type: ignore[arg-type]
     prompt = [tokenizer.bos_token_id, *tokenizer.encode("12+30=", add_special_tokens=False)]
@@ -218,10 +227,10 @@ def test_the_gateway_and_the_tool_loop_write_the_same_record(gateway, tokenizer)
 
 def test_concurrent_sessions_share_engine_batches(gateway) -> None:
     core, server, engine = gateway
-    sessions = [core.open_session(f"g/c{i}", 200, 4) for i in range(6)]
+    sessions = [_open(core, f"g/c{i}", 200, 4) for i in range(6)]
     engine.batches.clear()
     answers: list[str] = []
-    threads = [threading.Thread(target=lambda s=s: answers.append(solve(_client(server, s.token), "x", "12+30="))) for s in sessions]
+    threads = [threading.Thread(target=lambda s=s: answers.append(solve(_client(server, s.token), "rl-train-policy", "12+30="))) for s in sessions]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -1,6 +1,6 @@
 """One layout of a multi-turn trajectory, shared by the tool loop and the gateway (R-5.6).
 
-A trajectory is the prompt ids (BOS, then the first user message) and a response in which the
+A trajectory is the prompt ids (the task's, as the rollout encoded them) and a response in which the
 model's turns (its own token ids, each ending with end of sequence) alternate with what the
 world said back, templated on its own and appended (``observation_ids``):
 
@@ -14,9 +14,10 @@ the model's ids, never a re-tokenization of them.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
+
+from rl_train.engines.agent.safe_json import UnsafeJson, loads_bounded
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 OPEN_CALL = "<tool_call>"
@@ -29,9 +30,9 @@ def parse_tool_call(text: str) -> tuple[str, dict[str, Any]] | str | None:
     if match is None:
         return "a <tool_call> without its closing </tool_call>" if OPEN_CALL in text else None
     try:
-        call = json.loads(match.group(1))
-    except json.JSONDecodeError as error:
-        return f"the tool call is not JSON ({error.msg} at character {error.pos})"
+        call = loads_bounded(match.group(1))
+    except UnsafeJson as error:
+        return f"the tool call is {error}"
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return 'a tool call is {"name": <tool>, "arguments": {...}}'
     arguments = call.get("arguments", {})
@@ -57,11 +58,6 @@ def user_observation(text: str) -> str:
 def observation_ids(tokenizer: Any, text: str) -> list[int]:
     """An observation's ids, templated and tokenized on its own."""
     return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def prompt_ids(tokenizer: Any, text: str) -> list[int]:
-    """BOS, then the prompt, as a rollout replica encodes a prompt."""
-    return [tokenizer.bos_token_id, *tokenizer.encode(text, add_special_tokens=False)]
 
 
 def generation_spans(mask: list[int]) -> list[list[int]]:

@@ -46,6 +46,10 @@ class AgentConfig(StrictModel):
     """gateway_agent: run the agent as this command instead ({base_url}, {api_key}, {task} filled in)."""
     gateway_timeout_s: float = Field(300.0, gt=0)
     """gateway_agent: longest one agent may take; it is then abandoned and its session ends as it stands."""
+    gateway_max_prompt_tokens: int = Field(512, ge=1)
+    """gateway_agent: a session's prompt (the task's ids, then whatever the agent's first request adds after the task's text) is at most this many tokens; a longer one is refused (400) before it reaches the engine."""
+    gateway_max_total_tokens: int | None = Field(None, ge=2)
+    """gateway_agent: a session's prompt and response together are at most this many tokens, the response cut short to fit (keep it within the model's context); None: gateway_max_prompt_tokens + max_response_tokens."""
 
     @field_validator("default")
     @classmethod

@@ -19,12 +19,13 @@ from typing import Any
 from rl_train.engines.agent.chat import (
     observation_ids,
     parse_tool_call,
-    prompt_ids,
     text_before_call,
     tool_observation,
     user_observation,
 )
+from rl_train.engines.agent.config import AgentConfig
 from rl_train.engines.agent.loop import AgentState, AgentTrajectory
+from rl_train.engines.agent.safe_json import INT64_MAX
 from rl_train.engines.agent.sessions import (
     Session,
     SessionError,
@@ -35,6 +36,8 @@ from rl_train.engines.agent.sessions import (
 from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, SamplingParams
 
 Generate = Callable[[GenerationRequest, SamplingParams], GenerationResult]
+_DEFAULTS = AgentConfig()
+"""``rollout.agent``'s defaults: a session opened without limits gets the configured ones."""
 
 
 @dataclass
@@ -102,11 +105,29 @@ class GatewayCore:
     ) -> None:
         self.generate, self.tokenizer, self.version = generate, tokenizer, version
         self.store = store if store is not None else SessionStore()
-        self.open_session = self.store.open
-        """Open a session (the harness side, in process): ``SessionStore.open``."""
         self.model_name = model_name
 
     # -- sessions (the harness side, in process) ---------------------------------------------
+    def open_session(
+        self,
+        session_id: str,
+        max_response_tokens: int,
+        max_turns: int,
+        sampling: dict[str, Any] | None = None,
+        *,
+        task_ids: list[int],
+        max_prompt_tokens: int = _DEFAULTS.gateway_max_prompt_tokens,
+        max_total_tokens: int | None = _DEFAULTS.gateway_max_total_tokens,
+    ) -> Session:
+        """A session for the task ``task_ids`` (its prompt ids, as the rollout encoded them). The
+        agent is given their text (decoded without special tokens, as here): its first request
+        must begin with that text, and the trajectory's prompt begins with these very ids."""
+        task_text = self.tokenizer.decode(task_ids, skip_special_tokens=True)
+        return self.store.open(
+            session_id, max_response_tokens, max_turns, sampling, task_ids=task_ids, task_text=task_text,
+            max_prompt_tokens=max_prompt_tokens, max_total_tokens=max_total_tokens,
+        )  # fmt: skip
+
     def end_session(self, session_id: str) -> AgentTrajectory:
         """Close the session; its trajectory (an empty one if the agent never asked anything)."""
         session = self.store.close(session_id)
@@ -132,33 +153,43 @@ class GatewayCore:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise SessionError(400, f"max_tokens: got {limit!r}; allowed: a positive integer")
         seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise SessionError(400, f"seed: got {seed!r}; allowed: an integer")
-        with session.lock:
-            if session.ended:
-                raise SessionError(410, "this session has ended")
-            added = session.new_messages(normalized)
-            saved = _Mark.of(session)
-            forced = session.sampling
-            temperature = float(forced.get("temperature", temperature))
-            top_p = float(forced.get("top_p", top_p))
-            seed = forced["seed"] if forced.get("seed") is not None else seed
-            try:
-                return self._answer(session, added, temperature, top_p, limit, seed)
-            except BaseException:
-                saved.restore(session)  # a failed request leaves the session as it was
-                raise
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= INT64_MAX):
+            raise SessionError(400, f"seed: got {seed!r}; allowed: an integer in [0, 2**63 - 1]", "invalid_value", "seed")
+        if not session.lock.acquire(blocking=False):
+            raise SessionError(409, "this session already has a request in flight: one at a time", "session_busy")
+        try:
+            return self._chat_locked(session, normalized, temperature, top_p, limit, seed)
+        finally:
+            session.lock.release()
+
+    def _chat_locked(
+        self, session: Session, normalized: list[dict[str, Any]], temperature: float, top_p: float, limit: int | None, seed: int | None
+    ) -> ChatTurn:
+        if session.ended:
+            raise SessionError(410, "this session has ended", "session_ended")
+        added = session.new_messages(normalized)
+        saved = _Mark.of(session)
+        forced = session.sampling
+        temperature = float(forced.get("temperature", temperature))
+        top_p = float(forced.get("top_p", top_p))
+        seed = forced["seed"] if forced.get("seed") is not None else seed
+        try:
+            return self._answer(session, added, temperature, top_p, limit, seed)
+        except BaseException:
+            saved.restore(session)  # a failed request leaves the session as it was
+            raise
 
     def _answer(
         self, session: Session, added: list[dict[str, Any]], temperature: float, top_p: float, limit: int | None, seed: int | None
     ) -> ChatTurn:
         trajectory = self._append(session, added)
-        room = session.max_response_tokens - len(trajectory.response_ids)
+        most = session.response_budget()
+        room = most - len(trajectory.response_ids)
         if trajectory.turns >= session.max_turns or room <= 0:
             trajectory.stop_reason = "max_turns" if room > 0 else "length"
             session.transcript += added
             return ChatTurn({"role": "assistant", "content": ""}, "length", len(trajectory.prompt_ids), 0, [])
-        budget = session.max_response_tokens if limit is None else min(session.max_response_tokens, len(trajectory.response_ids) + limit)
+        budget = most if limit is None else min(most, len(trajectory.response_ids) + limit)
         params = SamplingParams(temperature, top_p, budget, seed)
         trajectory.states.append(AgentState.GENERATING)
         keep = trajectory.turns + 1 < session.max_turns  # the session may come back for another turn
@@ -176,10 +207,8 @@ class GatewayCore:
         """The session's trajectory with ``added`` in it: the first request's messages are the
         prompt; later tool and user messages are observations (mask 0)."""
         if session.trajectory is None:
-            if any(m["role"] not in ("system", "user") for m in added):
-                raise SessionError(400, "the first request holds system and user messages only")
-            text = "\n".join(m["content"] for m in added)
-            session.trajectory = AgentTrajectory(session.session_id, prompt_ids(self.tokenizer, text), states=[AgentState.PENDING])
+            prompt = self._prompt(session, added)
+            session.trajectory = AgentTrajectory(session.session_id, prompt, states=[AgentState.PENDING])
             return session.trajectory
         trajectory = session.trajectory
         last_calls = {c["id"]: c["name"] for c in (session.transcript[-1].get("tool_calls") or [])} if session.transcript else {}
@@ -191,8 +220,42 @@ class GatewayCore:
                 trajectory.states.append(AgentState.PROCESSING_TOOLS)
             else:
                 text = user_observation(message["content"])
-            trajectory.add_observed(observation_ids(self.tokenizer, text), self.version(), session.max_response_tokens)
+            trajectory.add_observed(observation_ids(self.tokenizer, text), self.version(), session.response_budget())
         return trajectory
+
+    def _prompt(self, session: Session, added: list[dict[str, Any]]) -> list[int]:
+        """The trajectory's prompt: the task's own ids, then the ids of what the first request
+        adds after the task's text (tokenized on its own, as an observation is). The agent
+        chooses neither the task nor what comes before it, and the prompt is capped before it
+        can reach an engine batch, where it would be padded beside every other session's."""
+        if any(m["role"] not in ("system", "user") for m in added):
+            raise SessionError(400, "the first request holds system and user messages only", "invalid_value", "messages")
+        text = "\n".join(m["content"] for m in added)
+        if not text.startswith(session.task_text):
+            same = next((i for i, (a, b) in enumerate(zip(text, session.task_text, strict=False)) if a != b), len(text))
+            raise SessionError(
+                400,
+                f"messages: the first request must begin with this session's task (the {len(session.task_text)} characters "
+                f"the agent was given), its system and user messages joined by newlines; they differ at character {same}",
+                "prompt_mismatch", "messages",
+            )  # fmt: skip
+        tail = text[len(session.task_text) :]
+        ids = [*session.task_ids, *(self.tokenizer.encode(tail, add_special_tokens=False) if tail else [])]
+        if len(ids) > session.max_prompt_tokens:
+            raise SessionError(
+                400,
+                f"messages: the prompt is {len(ids)} tokens ({len(session.task_ids)} of them the task's); this session "
+                f"allows at most {session.max_prompt_tokens} (rollout.agent.gateway_max_prompt_tokens)",
+                "context_length_exceeded", "messages",
+            )  # fmt: skip
+        if len(ids) >= session.max_total_tokens:
+            raise SessionError(
+                400,
+                f"messages: the prompt is {len(ids)} tokens, which leaves no room for a response within this session's "
+                f"{session.max_total_tokens} (rollout.agent.gateway_max_total_tokens)",
+                "context_length_exceeded", "messages",
+            )  # fmt: skip
+        return ids
 
     def _assistant_message(self, session: Session, new_ids: list[int], stop_reason: str, turn: int) -> tuple[dict[str, Any], str]:
         text = self.tokenizer.decode(new_ids, skip_special_tokens=True)

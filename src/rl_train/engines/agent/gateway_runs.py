@@ -69,8 +69,11 @@ def run_gateway_agents(
     core = server.core
     program = None if cfg.gateway_command else load_program(cfg.gateway_program)
     sampling = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
-    for rid, _ in starts:
-        core.open_session(rid, cfg.max_response_tokens, cfg.max_turns, sampling)
+    for rid, ids in starts:
+        core.open_session(
+            rid, cfg.max_response_tokens, cfg.max_turns, sampling, task_ids=list(ids),
+            max_prompt_tokens=cfg.gateway_max_prompt_tokens, max_total_tokens=cfg.gateway_max_total_tokens,
+        )  # fmt: skip
 
     def one(start: tuple[str, list[int]]) -> None:
         rid, ids = start

@@ -1,7 +1,8 @@
 """The gateway served on 127.0.0.1 from a thread of the process that owns the engine.
 
 ``GatewayServer(core).start()`` binds a free port (or the one given), serves until ``stop``,
-and ``stop`` closes the listening socket before returning, so no port outlives it.
+and ``stop`` closes the listening socket before returning, so no port outlives it. The limits
+of what it accepts are ``GatewayLimits`` (``gateway.py``).
 """
 
 from __future__ import annotations
@@ -12,21 +13,24 @@ import time
 
 import uvicorn
 
-from rl_train.engines.agent.gateway import create_gateway
+from rl_train.engines.agent.gateway import GatewayLimits, create_gateway
 from rl_train.engines.agent.gateway_core import GatewayCore
 
 
 class GatewayServer:
-    def __init__(self, core: GatewayCore, host: str = "127.0.0.1", port: int = 0, max_body_bytes: int = 1 << 20) -> None:
+    def __init__(self, core: GatewayCore, host: str = "127.0.0.1", port: int = 0, limits: GatewayLimits | None = None) -> None:
         self.core = core
+        self.limits = limits or GatewayLimits()
+        self.app = create_gateway(core, self.limits)
         self.host = host
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.port = int(self._socket.getsockname()[1])
         config = uvicorn.Config(
-            create_gateway(core, max_body_bytes), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5
-        )
+            self.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+            limit_concurrency=self.limits.max_connections,
+        )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

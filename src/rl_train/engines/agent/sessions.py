@@ -12,7 +12,6 @@ writes for the same tokens (``chat.py``'s layout).
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 import time
@@ -21,15 +20,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_train.engines.agent.loop import AgentTrajectory, ToolCallRecord
+from rl_train.engines.agent.safe_json import UnsafeJson, loads_bounded
 
 
 class SessionError(Exception):
-    """A request the session refuses; ``status`` is the HTTP status it maps to."""
+    """A request the gateway refuses: ``status`` is the HTTP status it maps to; ``code`` and
+    ``param`` (the field at fault), when known, fill OpenAI's error object."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.code = code
+        self.param = param
 
 
 def normalize_message(message: Any, index: int) -> dict[str, Any]:
@@ -58,10 +61,13 @@ def normalize_message(message: Any, index: int) -> dict[str, Any]:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise SessionError(400, f"{where}.tool_calls[{j}]: needs function.name")
+            text = function.get("arguments") or "{}"
+            if not isinstance(text, str):
+                raise SessionError(400, f"{where}.tool_calls[{j}].function.arguments: a JSON string, got {type(text).__name__}")
             try:
-                arguments = json.loads(function.get("arguments") or "{}")
-            except (TypeError, json.JSONDecodeError):
-                raise SessionError(400, f"{where}.tool_calls[{j}].function.arguments: not a JSON string") from None
+                arguments = loads_bounded(text)
+            except UnsafeJson as error:
+                raise SessionError(400, f"{where}.tool_calls[{j}].function.arguments: {error}") from None
             calls.append({"id": call.get("id"), "name": function["name"], "arguments": arguments})
         out["tool_calls"] = calls
     if role == "tool":
@@ -75,6 +81,15 @@ class Session:
     token: str
     max_response_tokens: int
     max_turns: int
+    task_ids: list[int]
+    """The task's prompt ids, as the rollout encoded them: the trajectory's prompt begins with
+    exactly these, whatever the agent sends."""
+    task_text: str
+    """Their text, as the agent was given it: the first request's messages must begin with it."""
+    max_prompt_tokens: int
+    """The prompt (the task and what the first request adds after it) is at most this long."""
+    max_total_tokens: int
+    """Prompt and response together are at most this long."""
     transcript: list[dict[str, Any]] = field(default_factory=list)
     """Every message so far, normalized, the model's own answers included."""
     trajectory: AgentTrajectory | None = None
@@ -86,6 +101,12 @@ class Session:
     sampling: dict[str, Any] = field(default_factory=dict)
     """temperature / top_p / seed set by whoever opened it: they win over the request's (a run
     trains at its own temperature, whatever the agent asks for)."""
+
+    def response_budget(self) -> int:
+        """How long the response may grow: ``max_response_tokens``, less where the prompt leaves
+        less than that of ``max_total_tokens``."""
+        prompt = len(self.trajectory.prompt_ids) if self.trajectory is not None else len(self.task_ids)
+        return min(self.max_response_tokens, self.max_total_tokens - prompt)
 
     def new_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """What ``messages`` adds after the transcript; ``SessionError`` (409) if it does not
@@ -121,13 +142,23 @@ class SessionStore:
         max_response_tokens: int,
         max_turns: int,
         sampling: dict[str, Any] | None = None,
+        *,
+        task_ids: list[int],
+        task_text: str,
+        max_prompt_tokens: int,
+        max_total_tokens: int | None = None,
     ) -> Session:
-        """``sampling`` (temperature, top_p, seed), when given, wins over what requests ask for."""
+        """A session for one task: its trajectory's prompt begins with ``task_ids``, and the first
+        request's messages with ``task_text``. ``sampling`` (temperature, top_p, seed), when
+        given, wins over what requests ask for. ``max_total_tokens`` None:
+        ``max_prompt_tokens + max_response_tokens``."""
+        total = max_prompt_tokens + max_response_tokens if max_total_tokens is None else max_total_tokens
+        token = f"rlt-{secrets.token_urlsafe(24)}"
+        session = Session(session_id, token, max_response_tokens, max_turns, list(task_ids), task_text, max_prompt_tokens, total)
+        session.sampling = dict(sampling or {})
         with self._lock:
             if session_id in self._by_id:
                 raise SessionError(409, f"session {session_id!r} is already open")
-            session = Session(session_id, f"rlt-{secrets.token_urlsafe(24)}", max_response_tokens, max_turns)
-            session.sampling = dict(sampling or {})
             self._by_id[session_id] = session
             self._by_token[session.token] = session
             return session
@@ -143,11 +174,11 @@ class SessionStore:
         """The session of a ``Bearer`` token: 401 when it is missing or unknown."""
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise SessionError(401, "missing bearer token: each session has its own (the API key it was given)")
+            raise SessionError(401, "missing bearer token: each session has its own (the API key it was given)", "invalid_api_key")
         with self._lock:
             session = self._by_token.get(token.strip())
         if session is None:
-            raise SessionError(401, "unknown or ended session token")
+            raise SessionError(401, "unknown or ended session token", "invalid_api_key")
         return session
 
     def admit(self, session: Session, now: float | None = None) -> None:
@@ -156,7 +187,7 @@ class SessionStore:
         while session.recent and now - session.recent[0] > 1.0:
             session.recent.popleft()
         if len(session.recent) >= self.max_requests_per_second:
-            raise SessionError(429, f"more than {self.max_requests_per_second:g} requests in one second")
+            raise SessionError(429, f"more than {self.max_requests_per_second:g} requests in one second", "rate_limit_exceeded")
         session.recent.append(now)
 
     def close(self, session_id: str) -> Session:
