@@ -12,46 +12,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gateway_fixture import CALL, Scripted, open_session
 from openai import OpenAI
 
 from rl_train.engines.agent.batcher import MicroBatcher
 from rl_train.engines.agent.chat import generation_spans
-from rl_train.engines.agent.gateway_core import GatewayCore
 from rl_train.engines.agent.gateway import GatewayLimits
+from rl_train.engines.agent.gateway_core import GatewayCore
 from rl_train.engines.agent.gateway_server import GatewayServer
 from rl_train.engines.agent.loop import AgentLimits, ToolAgentLoop
-from rl_train.engines.agent.sessions import Session, SessionStore
+from rl_train.engines.agent.sessions import SessionStore
 from rl_train.engines.model.tokenizer import load_tokenizer
-from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, SamplingParams
+from rl_train.engines.rollout.protocol import SamplingParams
 from rl_train.examples.calculator_agent import CALCULATOR, solve
-
-CALL = '<tool_call>{"name":"calculator","arguments":{"expression":"12+30"}}</tool_call>'
-
-
-class Scripted:
-    """An engine whose turns come from a script keyed by the request's prompt text: the same
-    prompt gets the same tokens and log-probs, whichever front end asks."""
-
-    def __init__(self, tokenizer, turns: list[str]) -> None:
-        self.tokenizer, self.turns, self.version, self.batches = tokenizer, turns, 5, []
-        self.keep_kv: list[bool] = []
-        self._lock = threading.Lock()
-
-    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
-        with self._lock:
-            self.batches.append(len(requests))
-            self.keep_kv += [r.keep_kv for r in requests]
-        out = []
-        for request in requests:
-            turn = self.tokenizer.decode(request.response_prefix).count("</s>")  # turns so far
-            text = self.turns[turn] if turn < len(self.turns) else "done"
-            new = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
-            room = params.max_new_tokens - len(request.response_prefix)
-            new = new[: max(room, 0)]
-            logps = [-0.1 * (1 + (i % 7)) for i in range(len(new))]
-            reason = "eos" if new and new[-1] == self.tokenizer.eos_token_id else "length"
-            out.append(GenerationResult(request.request_id, request.prompt_ids, [*request.response_prefix, *new], logps, [self.version] * len(new), reason))
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +43,6 @@ def gateway(tokenizer) -> Iterator[tuple[GatewayCore, GatewayServer, Scripted]]:
     batcher.close()
 
 
-def _open(core: GatewayCore, session_id: str, max_response_tokens: int, max_turns: int, task: str = "12+30=") -> Session:
-    """A session for ``task``, its ids as a rollout replica encodes a prompt (BOS, then the text)."""
-    ids = [core.tokenizer.bos_token_id, *core.tokenizer.encode(task, add_special_tokens=False)]
-    return core.open_session(session_id, max_response_tokens, max_turns, task_ids=ids)
-
-
 def _client(server: GatewayServer, token: str) -> OpenAI:
     return OpenAI(base_url=server.base_url, api_key=token, max_retries=0, timeout=30)
 
@@ -83,7 +50,7 @@ def _client(server: GatewayServer, token: str) -> OpenAI:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_black_box_agent_solves_its_task_through_the_official_client(gateway, tokenizer, stream: bool) -> None:
     core, server, _ = gateway
-    session = _open(core, "g/0", 200, 4)
+    session = open_session(core, "g/0", 200, 4)
     answer = solve(_client(server, session.token), "rl-train-policy", "12+30=", stream=stream)
     assert answer == "42"
     trajectory = core.end_session("g/0")
@@ -97,14 +64,14 @@ def test_a_black_box_agent_solves_its_task_through_the_official_client(gateway, 
 
 def test_a_session_asks_to_keep_its_keys_until_its_last_turn(gateway) -> None:
     core, server, engine = gateway
-    session = _open(core, "g/k", 200, 2)
+    session = open_session(core, "g/k", 200, 2)
     assert solve(_client(server, session.token), "rl-train-policy", "12+30=") == "42"
     assert engine.keep_kv == [True, False]  # the second turn is the session's last
 
 
 def test_models_and_tool_calls_look_as_openai_s_do(gateway) -> None:
     core, server, _ = gateway
-    session = _open(core, "g/1", 200, 4)
+    session = open_session(core, "g/1", 200, 4)
     client = _client(server, session.token)
     assert [m.id for m in client.models.list().data] == ["rl-train-policy"]
     reply = client.chat.completions.create(model="rl-train-policy", messages=[{"role": "user", "content": "12+30="}], tools=[CALCULATOR])
@@ -116,8 +83,8 @@ def test_models_and_tool_calls_look_as_openai_s_do(gateway) -> None:
 
 def test_a_session_only_answers_its_own_token_and_only_grows(gateway) -> None:
     core, server, _ = gateway
-    mine = _open(core, "g/a", 200, 4)
-    other = _open(core, "g/b", 200, 4)
+    mine = open_session(core, "g/a", 200, 4)
+    other = open_session(core, "g/b", 200, 4)
     first = [{"role": "user", "content": "12+30="}]
     _client(server, mine.token).chat.completions.create(model="rl-train-policy", messages=first)
     before = (list(mine.trajectory.response_ids), list(mine.transcript))  # type: ignore[union-attr]
@@ -147,7 +114,7 @@ def test_size_and_rate_are_bounded(tokenizer) -> None:
     core = GatewayCore(batcher.generate, tokenizer, lambda: 0, SessionStore(max_requests_per_second=3))
     server = GatewayServer(core, limits=GatewayLimits(max_body_bytes=2048)).start()
     try:
-        session = _open(core, "s", 200, 50)
+        session = open_session(core, "s", 200, 50)
         raw = httpx.Client(base_url=server.base_url, timeout=10, headers={"authorization": f"Bearer {session.token}"})
         big = raw.post("/chat/completions", json={"messages": [{"role": "user", "content": "x" * 5000}]})
         assert big.status_code == 413
@@ -187,10 +154,10 @@ def _malformed(rng: random.Random) -> bytes | dict:
 
 def test_hundreds_of_malformed_requests_crash_nothing_and_touch_no_other_session(gateway) -> None:
     core, server, _ = gateway
-    victim = _open(core, "g/v", 200, 4)
+    victim = open_session(core, "g/v", 200, 4)
     _client(server, victim.token).chat.completions.create(model="rl-train-policy", messages=[{"role": "user", "content": "12+30="}])
     before = (list(victim.trajectory.response_ids), list(victim.transcript))  # type: ignore[union-attr]
-    fuzzed = _open(core, "g/f", 200, 4)
+    fuzzed = open_session(core, "g/f", 200, 4)
     raw = httpx.Client(base_url=server.base_url, timeout=10, headers={"authorization": f"Bearer {fuzzed.token}"})
     rng = random.Random(7)
     statuses = []
@@ -205,7 +172,7 @@ def test_hundreds_of_malformed_requests_crash_nothing_and_touch_no_other_session
             assert answer.json()["error"]["message"]
     assert statuses.count(400) > 200
     assert (list(victim.trajectory.response_ids), list(victim.transcript)) == before  # type: ignore[union-attr]
-    fresh = _open(core, "g/after", 200, 4)
+    fresh = open_session(core, "g/after", 200, 4)
     reply = _client(server, fresh.token).chat.completions.create(model="rl-train-policy", messages=[{"role": "user", "content": "12+30="}])
     assert reply.choices[0].message.tool_calls  # the server still answers
 
@@ -213,7 +180,7 @@ def test_hundreds_of_malformed_requests_crash_nothing_and_touch_no_other_session
 def test_the_gateway_and_the_tool_loop_write_the_same_record(gateway, tokenizer) -> None:
     """Identical sampled tokens give identical token-level records, whichever front end."""
     core, server, engine = gateway
-    session = _open(core, "g/same", 200, 4)
+    session = open_session(core, "g/same", 200, 4)
     solve(_client(server, session.token), "rl-train-policy", "12+30=")
     via_gateway = core.end_session("g/same")
     loop = ToolAgentLoop(engine, AgentLimits(max_turns=4, max_response_tokens=200))  # type: ignore[arg-type]
@@ -227,7 +194,7 @@ def test_the_gateway_and_the_tool_loop_write_the_same_record(gateway, tokenizer)
 
 def test_concurrent_sessions_share_engine_batches(gateway) -> None:
     core, server, engine = gateway
-    sessions = [_open(core, f"g/c{i}", 200, 4) for i in range(6)]
+    sessions = [open_session(core, f"g/c{i}", 200, 4) for i in range(6)]
     engine.batches.clear()
     answers: list[str] = []
     threads = [threading.Thread(target=lambda s=s: answers.append(solve(_client(server, s.token), "rl-train-policy", "12+30="))) for s in sessions]

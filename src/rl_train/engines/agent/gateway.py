@@ -95,7 +95,7 @@ def create_gateway(core: GatewayCore, limits: GatewayLimits | None = None) -> Fa
     in process for the tests' fuzzer."""
     admission = _Admission(limits or GatewayLimits())
     app = FastAPI(title="rl-train gateway", docs_url=None, redoc_url=None, openapi_url=None)
-    app.openapi = partial(openapi_schema, app)  # type: ignore[method-assign]
+    app.openapi = partial(openapi_schema, app, core.model_name)  # type: ignore[method-assign]
 
     @app.exception_handler(SessionError)
     async def session_error(request: Request, error: SessionError) -> JSONResponse:

@@ -99,14 +99,20 @@ def check_request(body: dict[str, Any]) -> ChatRequest:
         raise SessionError(400, f"{where or 'body'}: got {shown}; {first['msg']}{more}", "invalid_value", where or None) from None
 
 
-def openapi_schema(app: FastAPI) -> dict[str, Any]:
+def openapi_schema(app: FastAPI, model_name: str) -> dict[str, Any]:
     """The app's OpenAPI description, with ``ChatRequest`` as the chat route's body and bearer
-    auth on every route: what a schema-driven fuzzer needs to aim at the real checks."""
+    auth on every route: what a schema-driven fuzzer needs to aim at the real checks. It is
+    narrower than what the gateway accepts, so that the fuzzer's valid requests get past the
+    first checks: ``model`` is the one served, and the request objects list no fields beyond
+    their own (others are ignored, and the fuzzer's invalid requests still send them)."""
     schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
     body = ChatRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components = schema.setdefault("components", {})
     components.setdefault("schemas", {}).update(body.pop("$defs", {}))
     components["schemas"]["ChatRequest"] = body
+    for declared in components["schemas"].values():
+        declared.setdefault("additionalProperties", False)
+    body["properties"]["model"]["enum"] = [model_name]
     components["securitySchemes"] = {"session": {"type": "http", "scheme": "bearer"}}
     schema["security"] = [{"session": []}]
     chat = schema["paths"]["/v1/chat/completions"]["post"]
