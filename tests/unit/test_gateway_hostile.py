@@ -133,6 +133,9 @@ def test_an_unknown_model_is_refused_in_openai_s_shape_and_the_served_one_is_lis
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": TASK}])
     assert raised.value.code == "model_not_found" and "gpt-4o" in raised.value.message
     assert engine.batches == [] and session.trajectory is None
+    raw = _raw(server, session.token)  # other routes and methods answer in the same shape
+    _refused(raw.get("/engines"), 404, "not_found")
+    _refused(raw.put("/chat/completions", json={}), 405)
     _still_answers(core, server, "after-model")
 
 
@@ -213,6 +216,8 @@ HOSTILE_BODIES = {
     "seed 2**200": _chat(seed=str(2**200)),
     "seed 2**63": _chat(seed=str(2**63)),
     "seed -1": _chat(seed="-1"),
+    "a 4,000-digit integer (within Python's limit, beyond int64)": _chat(max_tokens="9" * 4000),
+    "300,000 escaped quotes (quadratic for a regex string scanner)": _chat(messages='[{"role": "user", "content": "12+30=' + '\\"' * 300_000 + '"}]'),
     "NaN temperature": _chat(temperature="NaN"),
     "Infinity top_p": _chat(top_p="-Infinity"),
     "1e999 temperature": _chat(temperature="1e999"),

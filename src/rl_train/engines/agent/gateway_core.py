@@ -1,7 +1,9 @@
 """The gateway's work, without HTTP: open a session, answer one chat request, end the session.
 
-``chat`` turns what a black-box agent sent into the session's ids (its new tool and user
-messages as observations, mask 0), generates the model's next turn from those ids (mask 1, with
+``chat`` turns what a black-box agent sent into the session's ids (the first request's
+messages must begin with the session's task: the prompt is the task's own ids, then whatever
+that request adds, within the session's prompt and total token caps; later tool and user
+messages are observations, mask 0), generates the model's next turn from those ids (mask 1, with
 its log-probs and versions), and shows the turn to the agent as an OpenAI assistant message:
 text, or a ``tool_calls`` entry when the turn wrote a tool call (``chat.py``'s layout). The
 engine is reached through ``generate`` (one request in, one result out), which a replica backs
