@@ -3,12 +3,19 @@ process can start Ray first and import the heavy modules while Ray comes up."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 import ray
 
-from rl_train.engines.workers.local_ray_head import start_local_head
+from rl_train.engines.workers.local_ray_head import (
+    LOOPBACK,
+    is_loopback_address,
+    loopback_addresses,
+    start_local_head,
+)
+from rl_train.runtime import default_ray_auth_mode
 
 LEAN_HEAD = os.environ.get("RL_TRAIN_RAY_LEAN_HEAD", "1") not in ("0", "false", "no")
 """A local Ray starts as ``local_ray_head.start_local_head`` does (without the dashboard's API
@@ -19,13 +26,19 @@ server and the autoscaler's monitor); ``RL_TRAIN_RAY_LEAN_HEAD=0`` starts it as 
 def ensure_ray(address: str | None, num_cpus: int | None, num_actors: int = 0) -> None:
     """Start a local Ray (or join ``address``) once per process. Never attaches to "auto".
 
+    A local Ray listens on loopback only. Ray's token authentication is on where the
+    environment says so (``RAY_AUTH_MODE=token``), or holds a token (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``; see ``runtime.default_ray_auth_mode``): the process then joins a
+    cluster with that token, and a local Ray it starts asks for it of every client, its own
+    workers included (they inherit the environment).
+
     ``num_actors``: how many actors the run creates at its start. A local Ray starts that many
     worker processes at once rather than one per CPU (Ray's default): the run's actors reserve
     no CPU and spend their start importing, so on two cores the rollout replica no longer waits
     for the trainer's and the queue's processes to come up before its own starts."""
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    default_ray_auth_mode()
     # Ray starts workers at nice 15; the actors *are* the compute here, so without this the
     # driver's bookkeeping (Prefect's API server among it) preempts the training itself.
     os.environ.setdefault("RAY_worker_niceness", "0")
@@ -33,14 +46,16 @@ def ensure_ray(address: str | None, num_cpus: int | None, num_actors: int = 0) -
     if address:
         if address == "auto":
             raise ValueError("ray.address 'auto' could attach to a foreign cluster; give an explicit address")
-        ray.init(address=address, **kwargs)
+        with loopback_addresses() if is_loopback_address(address) else contextlib.nullcontext():
+            ray.init(address=address, **kwargs)
         return
     temp_dir = os.environ.get("RL_TRAIN_RAY_TMPDIR") or None
     cpus = num_cpus or os.cpu_count() or 1
     head = start_local_head(cpus, temp_dir, startup_concurrency=max(cpus, num_actors)) if LEAN_HEAD else None
-    if head is not None:
-        ray.init(address=head.address, **kwargs)
-        return
-    if temp_dir:
-        kwargs["_temp_dir"] = temp_dir
-    ray.init(num_cpus=cpus, **kwargs)
+    with loopback_addresses():
+        if head is not None:
+            ray.init(address=head.address, **kwargs)
+            return
+        if temp_dir:
+            kwargs["_temp_dir"] = temp_dir
+        ray.init(num_cpus=cpus, _node_ip_address=LOOPBACK, **kwargs)
