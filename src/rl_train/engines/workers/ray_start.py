@@ -23,6 +23,27 @@ server and the autoscaler's monitor); ``RL_TRAIN_RAY_LEAN_HEAD=0`` starts it as 
 ``ray.init()`` does (the start-up bench measures one against the other)."""
 
 
+def _settle_auth_mode() -> None:
+    """Set ``RAY_AUTH_MODE`` where unset (``default_ray_auth_mode``) and make this process's Ray
+    follow it: Ray reads the mode into its config when it is imported, which may be before the
+    mode was set here; it is then re-read, as Ray itself does when it turns token auth on
+    (else this process would ask its own token-guarded head without the token)."""
+    default_ray_auth_mode()
+    try:
+        from ray._raylet import (  # type: ignore[attr-defined]  # compiled, without stubs for these
+            AuthenticationMode,
+            AuthenticationTokenLoader,
+            Config,
+            get_authentication_mode,
+        )
+    except ImportError:  # a Ray without token authentication: nothing to follow
+        return
+    wanted = os.environ["RAY_AUTH_MODE"].lower() == "token"
+    if (get_authentication_mode() == AuthenticationMode.TOKEN) != wanted:
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
 def ensure_ray(address: str | None, num_cpus: int | None, num_actors: int = 0) -> None:
     """Start a local Ray (or join ``address``) once per process. Never attaches to "auto".
 
@@ -38,7 +59,7 @@ def ensure_ray(address: str | None, num_cpus: int | None, num_actors: int = 0) -
     for the trainer's and the queue's processes to come up before its own starts."""
     if ray.is_initialized():
         return
-    default_ray_auth_mode()
+    _settle_auth_mode()
     # Ray starts workers at nice 15; the actors *are* the compute here, so without this the
     # driver's bookkeeping (Prefect's API server among it) preempts the training itself.
     os.environ.setdefault("RAY_worker_niceness", "0")
