@@ -155,7 +155,7 @@ class CheckpointStore:
             committed = step in self._manifests
             if not committed and step not in self._open_steps:
                 try:
-                    read_whole(self.fs, self._path(step, MANIFEST_NAME))
+                    read_whole(self.fs, self._path(step, MANIFEST_NAME), limit=MAX_MANIFEST_BYTES)
                     committed = True
                 except FileNotFoundError:
                     self._open_steps.add(step)
