@@ -8,7 +8,6 @@ import os
 QUIET = {
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "RAY_AUTH_MODE": "disabled",
     "RAY_worker_niceness": "0",
     "TOKENIZERS_PARALLELISM": "false",
     # The throwaway API server can take well over its default 20 s to start on a loaded 2-core box.
@@ -47,9 +46,24 @@ EPHEMERAL_SERVER |= {
 }
 
 
+RAY_TOKEN_SOURCES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+"""Where Ray reads a cluster's auth token from the environment (else ``~/.ray/auth_token``)."""
+
+
+def default_ray_auth_mode() -> None:
+    """``RAY_AUTH_MODE``, unless set: ``token`` where the environment holds a token for Ray
+    (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``), so that a process given a cluster's token
+    joins it with the token, and so do the Ray processes it starts; otherwise ``disabled`` (a
+    local head listens on loopback only, and a Ray of 2.5x left to itself would write a token
+    to ``~/.ray``)."""
+    token_given = any(os.environ.get(name) for name in RAY_TOKEN_SOURCES)
+    os.environ.setdefault("RAY_AUTH_MODE", "token" if token_given else "disabled")
+
+
 def apply_local_defaults() -> None:
     for key, value in QUIET.items():
         os.environ.setdefault(key, value)
+    default_ray_auth_mode()
     if not os.environ.get("PREFECT_API_URL"):
         for key, value in EPHEMERAL_SERVER.items():
             os.environ.setdefault(key, value)

@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -230,6 +231,32 @@ def test_a_damaged_newest_checkpoint_falls_back_unless_its_step_is_asked_for(
     assert "step-00000002" in caplog.text and "policy/model.safetensors" in caplog.text
     with pytest.raises(CheckpointCorruptError, match="step-00000002/policy/model.safetensors"):
         evaluate_run(str(run_dir), step=2)
+    assert EvalResults(str(run_dir / "checkpoints")).read_step(2) is None
+
+
+def test_a_traversing_manifest_key_is_refused_and_nothing_is_written_outside(
+    run_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finding: a manifest entry ``policy/../../../../payload.txt`` made the evaluation's copy
+    of the policy write outside its temporary folder. Now the hostile checkpoint is skipped with
+    a warning naming its key (or refused, when its step is asked for) and nothing is written."""
+    scratch = tmp_path / "scratch" / "a" / "b"
+    scratch.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the evaluation's temporary folder
+    manifest = run_dir / "checkpoints" / "step-00000002" / "manifest.json"
+    document = json.loads(manifest.read_text())
+    weights = document["files"]["policy/model.safetensors"]
+    document["files"]["policy/../../../../payload.txt"] = weights
+    manifest.write_text(json.dumps(document))
+    before = {str(p) for p in tmp_path.rglob("*")}
+    with caplog.at_level(logging.WARNING, logger="rl_train.flows.evaluate"):
+        assert evaluate_run(str(run_dir)).step == 1
+    assert "step-00000002" in caplog.text and "policy/../../../../payload.txt" in caplog.text
+    with pytest.raises(CheckpointCorruptError, match=r"step-00000002/manifest.json: bad manifest key .*'\.\.'"):
+        evaluate_run(str(run_dir), step=2)
+    written = {str(p) for p in tmp_path.rglob("*")} - before
+    assert not [path for path in written if "payload" in path]
+    assert not list(scratch.iterdir())  # the temporary folders are gone, nothing left beside them
     assert EvalResults(str(run_dir / "checkpoints")).read_step(2) is None
 
 

@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -53,8 +54,26 @@ def cmdline(pid):
     except OSError:
         return ""
 
+def listening(pids):
+    # the local address (hex, as /proc/net shows it) of every TCP socket these processes listen on
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            continue
+        inodes |= {link[8:-1] for link in links if link.startswith("socket:[")}
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.append(fields[1])
+    return found
+
 pids = sorted(set(tree(os.getpid())) | {actor_pid})
 report = {"actor": actor_pid, "processes": {p: cmdline(p) for p in pids}}
+report["listening"] = listening(pids + [os.getpid()])
 report["imported_dashboard_deps"] = "ray.dashboard.optional_deps" in sys.modules
 print(json.dumps(report), flush=True)
 if sys.argv[1] == "wait":
@@ -93,6 +112,13 @@ def _start_child(tmp_path: Path, how: str) -> tuple[subprocess.Popen[str], dict]
         child.wait(timeout=60)
         pytest.fail(f"the child printed nothing:\n{child.stderr.read() if child.stderr else ''}")
     return child, json.loads(line)
+
+
+def _host(hex_address: str) -> str:
+    """The host of a /proc/net/tcp{,6} local address: each 32-bit word is in host (little-endian) order."""
+    host = bytes.fromhex(hex_address.split(":")[0])
+    words = b"".join(host[i : i + 4][::-1] for i in range(0, len(host), 4))
+    return socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)
 
 
 def _wait_gone(pids: list[int]) -> list[int]:
@@ -143,3 +169,21 @@ def test_a_killed_driver_leaves_no_ray_process_behind(ray_tmp: Path) -> None:
     child.communicate(timeout=30)
     left = _wait_gone(pids)
     assert left == [], {pid: _node_processes(report)[pid] for pid in left}
+
+
+@pytest.mark.parametrize("lean", ["1", "0"], ids=["lean-head", "plain-ray-init"])
+def test_every_socket_a_local_head_listens_on_is_on_loopback(
+    ray_tmp: Path, lean: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GCS, the raylet (node manager, object manager), the agents, the driver's and the
+    actor's gRPC servers: a local Ray is reachable from this machine only."""
+    monkeypatch.setenv("RL_TRAIN_RAY_LEAN_HEAD", lean)
+    child, report = _start_child(ray_tmp, "exit")
+    try:
+        hosts = [_host(address) for address in report["listening"]]
+        commands = " | ".join(_node_processes(report).values())
+        assert "gcs_server" in commands and len(hosts) >= 4  # GCS, raylet x2, driver, actor at least
+        assert set(hosts) <= {"127.0.0.1", "::ffff:127.0.0.1"}, hosts
+    finally:
+        child.communicate(timeout=60)
+    assert child.returncode == 0

@@ -69,7 +69,9 @@ def test_main_prints_store_and_raw_rates_locally_and_on_its_own_s3_server(
     main(["--mb", "1", "--repeats", "1", "--s3"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     ops = [(row[0], row[1]) for row in rows if row and row[0] in ("local", "s3")]
-    assert ops == [(w, op) for w in ("local", "s3") for op in ("write", "read", "load", "verify")]
+    local_ops = ("write", "write-nofsync", "read", "load", "verify")  # S3 has nothing to fsync
+    assert ops == [("local", op) for op in local_ops] + [("s3", op) for op in ("write", "read", "load", "verify")]
+    assert [row[:2] for row in rows if row and row[0] == "fsync"] == [["fsync", "(local):"]]
     for row in rows:
         if row and row[0] in ("local", "s3") and row[1] != "verify":
             store, raw, ratio = map(float, row[2:5])

@@ -41,9 +41,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rl_train.storage.background_writer import BackgroundWriter
+from rl_train.storage.checkpoint_download import open_target, plan_targets
 from rl_train.storage.checkpoint_folders import (
     StepFolder,
-    check_part_path,
     list_step_folder,
     list_step_folders,
     parse_step_dir,
@@ -60,10 +60,12 @@ from rl_train.storage.checkpoint_io import (
 )
 from rl_train.storage.checkpoint_manifest import (
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     CheckpointCorruptError,
     CheckpointError,
     PartEntry,
     build_manifest,
+    check_part_path,
     manifest_parts,
     parse_manifest,
 )
@@ -153,7 +155,7 @@ class CheckpointStore:
             committed = step in self._manifests
             if not committed and step not in self._open_steps:
                 try:
-                    read_whole(self.fs, self._path(step, MANIFEST_NAME))
+                    read_whole(self.fs, self._path(step, MANIFEST_NAME), limit=MAX_MANIFEST_BYTES)
                     committed = True
                 except FileNotFoundError:
                     self._open_steps.add(step)
@@ -247,7 +249,12 @@ class CheckpointStore:
         ]
         if problems:
             raise CheckpointError(f"cannot commit {self.step_uri(step)}: " + "; ".join(problems))
-        with self._publisher.open(self._path(step, MANIFEST_NAME)) as handle:
+        # Durable in order (local disk; an object store's PUT is): the parts' data, the names in
+        # their folders, then the manifest's data, its rename, and the step folder's name for it.
+        self._publisher.make_durable(
+            sorted({self._path(step, part.path) for part in parts}), self._part_folders(step, parts)
+        )
+        with self._publisher.open(self._path(step, MANIFEST_NAME), durable=True) as handle:
             handle.write(data)
         self._manifests[step] = parse_manifest(data, step)
         self._open_steps.discard(step)
@@ -256,6 +263,17 @@ class CheckpointStore:
             self._prune(folders)
         except Exception:  # housekeeping: the checkpoint itself is committed
             logger.warning("pruning old checkpoints under %s failed", self.root, exc_info=True)
+
+    def _part_folders(self, step: int, parts: list[PartEntry]) -> list[str]:
+        """Every folder whose names a commit of ``parts`` relies on, deepest first: each part's
+        folder and those above it, up to the step folder and the root that holds it."""
+        folders = {self._root, self._path(step)}
+        for part in parts:
+            relfolder = part.path.rpartition("/")[0]
+            while relfolder:
+                folders.add(self._path(step, relfolder))
+                relfolder = relfolder.rpartition("/")[0]
+        return sorted(folders, key=lambda folder: (-folder.count("/"), folder))
 
     # Readers.
 
@@ -272,7 +290,7 @@ class CheckpointStore:
 
     def _load_manifest(self, step: int) -> dict[str, Any]:
         try:
-            data = read_whole(self.fs, self._path(step, MANIFEST_NAME))
+            data = read_whole(self.fs, self._path(step, MANIFEST_NAME), limit=MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             raise self._torn(step) from None
         try:
@@ -422,18 +440,21 @@ class CheckpointStore:
 
     def download_dir(self, step: int, relprefix: str, dest: str | Path) -> Path:
         """Copy the committed files under ``relprefix`` (``policy/``) to the local folder ``dest``,
-        each checked against the manifest (``transformers`` wants a local path)."""
+        each checked against the manifest (``transformers`` wants a local path). Where each file
+        lands is checked before any is written: nothing is written outside ``dest``
+        (``checkpoint_download``)."""
         prefix = relprefix.strip("/") + "/" if relprefix.strip("/") else ""
         parts = [p for p in manifest_parts(self._cached_manifest(step)) if p.startswith(prefix)]
         if not parts:
             raise CheckpointError(f"{self.step_uri(step)} holds no files under {relprefix!r}")
-        dest = Path(dest)
-        for relpath in parts:
-            target = dest / relpath[len(prefix) :]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with self._open_verified(step, relpath) as reader, open(target, "wb") as out:
+        root, targets = plan_targets(self.step_uri(step), dest, prefix, parts)
+        for relpath, target in targets.items():
+            with (
+                self._open_verified(step, relpath) as reader,
+                open_target(self.step_uri(step), root, relpath, target) as out,
+            ):
                 reader.copy_to(out.write)
-        return dest
+        return Path(dest)
 
     def prune(self) -> list[int]:
         """Delete committed checkpoints outside the retention and torn folders older than the

@@ -21,14 +21,6 @@ from rl_train.storage.checkpoint_manifest import MANIFEST_NAME
 _STEP_DIR = re.compile(r"step-(\d{8,})")
 
 
-def check_part_path(relpath: str) -> str:
-    """A part's path: relative, posix, no ``..``, no dot-names (reserved for temporary files)."""
-    parts = relpath.split("/")
-    if "\\" in relpath or any(not part or part.startswith(".") for part in parts) or relpath == MANIFEST_NAME:
-        raise ValueError(f"a checkpoint part path is relative and posix, without dot-names: {relpath!r}")
-    return relpath
-
-
 def step_dir_name(step: int) -> str:
     """``step-00000012``: zero-padded so that folder names sort as steps do."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:

@@ -1,10 +1,19 @@
 """Bytes in and out of a checkpoint: one fsspec code path for local disk and ``s3://``.
 
 - **The URI picks the filesystem** (``fsspec.core.url_to_fs``). The only difference kept is how
-  a file becomes visible under its final name (``Publisher``): an object store shows an object
-  only once its upload completes, so it is written in place; local disk shows a file while it
-  is written, so it is written under a temporary name in the same folder and renamed with
+  a file becomes visible under its final name, and durable (``Publisher``): an object store
+  shows an object only once its upload completes, and a completed PUT is atomic and durable, so
+  it is written in place and there is nothing to sync; local disk shows a file while it is
+  written, so it is written under a temporary name in the same folder and renamed with
   ``os.replace`` (a killed writer leaves a temporary file, never a half file under the name).
+  A commit then makes the parts durable (``make_durable``: every part's data, then the folders
+  holding their names), writes the manifest under a temporary name, fsyncs it, renames it into
+  place and fsyncs the step folder: a power cut leaves either no manifest, or a manifest whose
+  files and names reached the disk before it. (An object store needs none of it: an object
+  appears whole when its PUT completes, and is durable by then.) Each part's writeback starts
+  as it is written (``start_writeback``, not waited for), so that the disk writes one part while
+  the next is serialized and the commit's fsyncs find little left to do: at the demo size this
+  took the cost of durability from about 15% of the write's throughput to about 8%.
 - **Checksums are taken from the bytes as they go by**, never by reading a file back. Large
   buffers are checksummed on a helper thread while the same chunk is written or the next one
   read: ``zlib.crc32`` (and ``hashlib``, for format-1 manifests) and file I/O all release the
@@ -17,10 +26,12 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import io
 import os
 import shutil
+import sys
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -73,8 +84,13 @@ class Publisher(Protocol):
     checksums on a second core), several on an object store (a file is a request, and its
     latency dominates a small file)."""
 
-    def open(self, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
-        """A handle to write ``path``; the file appears when the block exits without an error."""
+    def open(self, path: str, durable: bool = False) -> contextlib.AbstractContextManager[BinaryIO]:
+        """A handle to write ``path``; the file appears when the block exits without an error.
+        ``durable``: its data reaches the disk before it appears, and its name right after."""
+        ...
+
+    def make_durable(self, files: list[str], folders: list[str]) -> None:
+        """Make these files' data durable, then the names in these folders (a commit's parts)."""
         ...
 
     def delete_files(self, paths: list[str]) -> None:
@@ -92,18 +108,35 @@ class LocalPublisher:
     concurrent_writes = 1
 
     @contextlib.contextmanager
-    def open(self, path: str) -> Iterator[BinaryIO]:
+    def open(self, path: str, durable: bool = False) -> Iterator[BinaryIO]:
+        """``durable``: the data is fsynced before the rename (else a power cut could leave the
+        new name on an empty or partial file), and the folder after it."""
         folder, name = os.path.split(path)
         os.makedirs(folder, exist_ok=True)
         temp = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
         try:
             with open(temp, "wb") as handle:
                 yield handle
+                handle.flush()
+                if durable:
+                    os.fsync(handle.fileno())
+                else:
+                    start_writeback(handle.fileno())
             os.replace(temp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(temp)
             raise
+        if durable:
+            fsync_path(folder)
+
+    def make_durable(self, files: list[str], folders: list[str]) -> None:
+        """The files' data, then the names in the folders. A file written by another process (a
+        worker's shard) is fsynced all the same: fsync flushes the file, whoever wrote it.
+        (Concurrent fsyncs, which ext4 may join into one journal commit, measured no faster
+        here than these one after another.)"""
+        for path in [*files, *folders]:
+            fsync_path(path)
 
     def delete_files(self, paths: list[str]) -> None:
         for path in paths:
@@ -128,7 +161,9 @@ class ObjectPublisher:
         self.fs = fs
 
     @contextlib.contextmanager
-    def open(self, path: str) -> Iterator[BinaryIO]:
+    def open(self, path: str, durable: bool = False) -> Iterator[BinaryIO]:
+        """An object is written whole by its completing PUT (or multipart completion): atomic and,
+        when it returns, durable; nothing to sync (``durable`` changes nothing)."""
         handle = self.fs.open(path, "wb")
         try:
             yield handle
@@ -138,6 +173,9 @@ class ObjectPublisher:
                 handle.closed = True  # closing would upload the partial buffer
             raise
         handle.close()
+
+    def make_durable(self, files: list[str], folders: list[str]) -> None:
+        """Nothing to do: an object exists, durably, once its PUT has completed."""
 
     def delete_files(self, paths: list[str]) -> None:
         """One bulk request per thousand keys (s3fs); a missing key is no error on S3."""
@@ -151,15 +189,38 @@ class ObjectPublisher:
         self.delete_files([path for files in folders.values() for path in files])
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int) -> None:
+    """Linux: have the disk start writing the file's dirty pages now, without waiting
+    (``sync_file_range(SYNC_FILE_RANGE_WRITE)``), so that the commit's fsync finds them written
+    or in flight. Elsewhere nothing: the fsync then does all of it."""
+    if _LIBC is not None:
+        _LIBC.sync_file_range(fd, ctypes.c_int64(0), ctypes.c_int64(0), SYNC_FILE_RANGE_WRITE)
+
+
+def fsync_path(path: str) -> None:
+    """fsync a local file (its data) or folder (the names in it), opened read-only."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def build_publisher(fs: fsspec.AbstractFileSystem) -> Publisher:
     return LocalPublisher() if isinstance(fs, LocalFileSystem) else ObjectPublisher(fs)
 
 
-def read_whole(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
+def read_whole(fs: fsspec.AbstractFileSystem, path: str, limit: int | None = None) -> bytes:
     """The whole file in one request (``FileNotFoundError`` if there is none). Asking from byte
     0 to the end matters on S3: without a range s3fs first asks for the size (a HEAD, plus a
-    listing when the key is missing) to decide whether to fetch it in parallel chunks."""
-    return fs.cat_file(path, start=0)
+    listing when the key is missing) to decide whether to fetch it in parallel chunks. With a
+    ``limit``, at most ``limit + 1`` bytes are read (still one ranged GET), so that a caller can
+    tell a file over its limit without holding all of it."""
+    return fs.cat_file(path, start=0, end=None if limit is None else limit + 1)
 
 
 def file_version(info: dict[str, Any]) -> tuple[Any, ...] | None:

@@ -15,6 +15,14 @@ against an attacker, so it is CRC-32 (format 2): ``zlib.crc32`` runs at several 
 than a page-cache read here, where SHA-256 (format 1) ran at about 1.7 GB/s and capped a local
 checkpoint's write and read at about half the speed of the same bytes written raw. Format 1
 manifests (SHA-256) still read and verify.
+
+A manifest is untrusted input (whoever can write the checkpoint store wrote it), so every
+reader takes it through ``parse_manifest``, which checks its whole shape before anything is
+opened: each file's path by the rule its writer obeyed (``check_part_path``: relative, posix,
+no ``..`` or other dot-name, no empty part, backslash or NUL), each size a non-negative int,
+each checksum the hex digest of a known algorithm, and bounded counts and lengths. A manifest
+that fails is a damaged checkpoint (``CheckpointCorruptError``, naming the step folder, the key
+and the fault), never a path to follow.
 """
 
 from __future__ import annotations
@@ -31,6 +39,47 @@ READABLE_FORMATS = (1, 2)
 CHECKSUM = "crc32"
 """The algorithm new manifests use; ``CHECKSUMS`` lists every one a manifest may name."""
 CHECKSUMS = ("crc32", "sha256")
+DIGEST_HEX_CHARS = {"crc32": 8, "sha256": 64}
+MAX_MANIFEST_BYTES = 64 << 20
+"""A manifest is read whole; one larger than this is refused before it is parsed (a manifest
+of 100,000 files is about 10 MB)."""
+MAX_MANIFEST_FILES = 100_000
+MAX_PART_PATH_CHARS = 1024
+MAX_PART_SIZE = (1 << 63) - 1
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+def part_path_problem(relpath: object) -> str | None:
+    """Why ``relpath`` is not a checkpoint part's path, or None. The same rule holds on write
+    and on read: a manifest whose keys break it was not written by a ``CheckpointStore``."""
+    if not isinstance(relpath, str) or not relpath:
+        return "not a non-empty string"
+    if len(relpath) > MAX_PART_PATH_CHARS:
+        return f"longer than {MAX_PART_PATH_CHARS} characters"
+    if "\\" in relpath or "\0" in relpath:
+        return "holds a backslash or NUL"
+    if relpath.startswith("/"):
+        return "absolute"
+    parts = relpath.split("/")
+    if any(part in ("..", ".") for part in parts):
+        return "holds a '..' or '.' part"
+    if any(not part for part in parts):
+        return "holds an empty part"
+    if any(part.startswith(".") for part in parts):
+        return "holds a dot-name (reserved for temporary files)"
+    if relpath == MANIFEST_NAME:
+        return "is the manifest's own name"
+    return None
+
+
+def check_part_path(relpath: str) -> str:
+    """A part's path: relative, posix, no ``..``, no dot-names (reserved for temporary files)."""
+    problem = part_path_problem(relpath)
+    if problem is not None:
+        raise ValueError(
+            f"a checkpoint part path is relative and posix, without dot-names: {relpath!r} {problem}"
+        )
+    return relpath
 
 
 @dataclass(frozen=True)
@@ -77,36 +126,58 @@ def build_manifest(step: int, parts: list[PartEntry], meta: dict[str, Any]) -> b
 
 
 def parse_manifest(data: bytes, step: int) -> dict[str, Any]:
-    """The manifest document in ``data``, checked to be one of ``step``; ``ValueError`` saying
-    what is wrong otherwise."""
+    """The manifest document in ``data``, checked to be one of ``step`` and well formed (see the
+    module docstring); ``ValueError`` saying what is wrong otherwise, naming the key at fault."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ValueError(f"the manifest is larger than {MAX_MANIFEST_BYTES} bytes")
     try:
         document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"bad manifest json ({error})") from None
+    except (UnicodeDecodeError, RecursionError, ValueError) as error:  # a 5,000-digit int: ValueError
+        raise ValueError(f"bad manifest json ({type(error).__name__}: {str(error)[:200]})") from None
     if not isinstance(document, dict):
         raise ValueError("bad manifest json (not an object)")
-    if document.get("format") not in READABLE_FORMATS:
+    if document.get("format") not in READABLE_FORMATS or isinstance(document.get("format"), bool):
         known = " and ".join(map(str, READABLE_FORMATS))
-        raise ValueError(f"unknown manifest format {document.get('format')!r} (this reader knows {known})")
-    if document.get("step") != step:
-        raise ValueError(f"the manifest is of step {document.get('step')!r}, not {step}")
-    files = document.get("files")
-    if not isinstance(files, dict) or not all(_is_file_entry(entry) for entry in files.values()):
         raise ValueError(
-            f"bad manifest json (files must map each path to its size and one checksum of {', '.join(CHECKSUMS)})"
+            f"unknown manifest format {str(document.get('format'))[:40]!r} (this reader knows {known})"
         )
+    if document.get("step") != step or isinstance(document.get("step"), bool):
+        raise ValueError(f"the manifest is of step {str(document.get('step'))[:40]!r}, not {step}")
+    files = document.get("files")
+    if not isinstance(files, dict):
+        raise ValueError("bad manifest json (files must be an object)")
+    if len(files) > MAX_MANIFEST_FILES:
+        raise ValueError(f"bad manifest json ({len(files)} files, more than {MAX_MANIFEST_FILES})")
+    for relpath, entry in files.items():
+        problem = part_path_problem(relpath)
+        if problem is not None:
+            raise ValueError(f"bad manifest key {relpath[:200]!r}: {problem}")
+        problem = _file_entry_problem(entry)
+        if problem is not None:
+            raise ValueError(f"bad manifest entry {relpath!r}: {problem}")
     if not isinstance(document.get("meta"), dict):
         raise ValueError("bad manifest json (meta must be an object)")
     return document
 
 
-def _is_file_entry(entry: Any) -> bool:
-    return (
-        isinstance(entry, dict)
-        and isinstance(entry.get("size"), int)
-        and not isinstance(entry.get("size"), bool)
-        and len([name for name in CHECKSUMS if isinstance(entry.get(name), str)]) == 1
-    )
+def _file_entry_problem(entry: Any) -> str | None:
+    """Why a manifest's file entry is not a size with one checksum, or None."""
+    if not isinstance(entry, dict):
+        return "not an object"
+    size = entry.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_PART_SIZE:
+        return f"size must be an int from 0 to {MAX_PART_SIZE}"
+    algorithms = [name for name in CHECKSUMS if name in entry]
+    if len(algorithms) != 1 or set(entry) != {"size", *algorithms}:
+        return f"must hold its size and exactly one checksum of {', '.join(CHECKSUMS)}, nothing else"
+    digest = entry[algorithms[0]]
+    if (
+        not isinstance(digest, str)
+        or len(digest) != DIGEST_HEX_CHARS[algorithms[0]]
+        or set(digest) - _HEX_DIGITS
+    ):
+        return f"{algorithms[0]} must be {DIGEST_HEX_CHARS[algorithms[0]]} lowercase hex digits"
+    return None
 
 
 def manifest_parts(document: dict[str, Any]) -> dict[str, PartEntry]:

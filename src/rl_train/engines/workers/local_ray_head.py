@@ -47,6 +47,35 @@ from rl_train.child_process import proc_children, proc_stat_fields
 logger = logging.getLogger(__name__)
 
 
+LOOPBACK = "127.0.0.1"
+"""The address a local head's processes listen on: no other machine can reach them."""
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether a Ray address (``host:port``) names this machine's loopback interface."""
+    host = address.rpartition(":")[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+@contextlib.contextmanager
+def loopback_addresses() -> Iterator[None]:
+    """While a process joins a Ray node on loopback, Ray keeps loopback addresses as given.
+
+    ``ray.init`` rewrites a loopback address it is given (``127.0.0.1:port``, and its own node
+    address) into the machine's outward IP (``services.resolve_ip_for_localhost``), where a
+    head bound to loopback does not listen; it keeps them only where Ray clusters are switched
+    off (``ray_constants.ENABLE_RAY_CLUSTER``, Ray's own switch for a machine-local Ray). Once
+    connected, the process's node is the loopback one and every address Ray derives is too."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
 def _lean_node_class() -> type | None:
     try:
         from ray._private.node import Node
@@ -66,7 +95,9 @@ def start_local_head(
     num_cpus: int, temp_dir: str | None = None, log_monitor: bool = True, startup_concurrency: int | None = None
 ) -> Any | None:
     """Start a local head node of ``num_cpus`` CPUs; returns it (its ``address`` is what
-    ``ray.init`` joins), or None where this Ray has no such private API.
+    ``ray.init`` joins, inside ``loopback_addresses``), or None where this Ray has no such
+    private API. Its processes listen on loopback only (``LOOPBACK``): the GCS, the raylet,
+    the object manager, the agents and every worker's gRPC server.
 
     ``startup_concurrency``: how many worker processes the raylet starts at once (Ray's
     ``worker_maximum_startup_concurrency``; its default is ``num_cpus``). An explicit
@@ -79,6 +110,7 @@ def start_local_head(
 
         params = RayParams(
             num_cpus=num_cpus,
+            node_ip_address=LOOPBACK,
             include_dashboard=False,
             no_monitor=True,
             # Ray annotates this Optional[str], yet reads it as a flag (its docstring: "If True")
