@@ -84,16 +84,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the rl-train deployments against the configured Prefect API")
     serve.add_argument("--limit", type=int, default=1, help="concurrent flow runs")
     serve.add_argument("--eval-run-dir", metavar="RUN_DIR", help="the run the eval schedule evaluates")
-    serve.add_argument("--eval-every", type=int, metavar="SECONDS", help="evaluate its newest checkpoint every N s")
-    serve.add_argument("--eval-cron", metavar="CRON", help="evaluate its newest checkpoint on a cron schedule")
-    serve.add_argument("--eval-extra", action="append", default=[], metavar="FILE", help="another dataset to score")
+    serve.add_argument(
+        "--eval-every", type=int, metavar="SECONDS", help="evaluate its newest checkpoint every N s"
+    )
+    serve.add_argument(
+        "--eval-cron", metavar="CRON", help="evaluate its newest checkpoint on a cron schedule"
+    )
+    serve.add_argument(
+        "--eval-extra", action="append", default=[], metavar="FILE", help="another dataset to score"
+    )
 
-    evaluate = sub.add_parser("eval", help="evaluate a run's newest complete checkpoint (the rl-eval flow, once)")
+    evaluate = sub.add_parser(
+        "eval", help="evaluate a run's newest complete checkpoint (the rl-eval flow, once)"
+    )
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (a path or s3:// URI)")
     evaluate.add_argument("--step", type=int, help="this checkpoint step (default: the newest complete one)")
-    evaluate.add_argument("--extra", action="append", default=[], metavar="FILE", help="another dataset to score")
-    evaluate.add_argument("--force", action="store_true", help="evaluate a step again that was evaluated already")
-    evaluate.add_argument("--no-prefect", action="store_true", help="without a Prefect flow run (no artifacts)")
+    evaluate.add_argument(
+        "--extra", action="append", default=[], metavar="FILE", help="another dataset to score"
+    )
+    evaluate.add_argument(
+        "--force", action="store_true", help="evaluate a step again that was evaluated already"
+    )
+    evaluate.add_argument(
+        "--no-prefect", action="store_true", help="without a Prefect flow run (no artifacts)"
+    )
     return parser
 
 
@@ -126,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(
             create_tiny_policy(
-                args.out, seed=args.seed, pretrain_steps=args.pretrain_steps,
-                prior_correct=args.prior_correct, pretrain_task=args.pretrain_task,
+                args.out,
+                seed=args.seed,
+                pretrain_steps=args.pretrain_steps,
+                prior_correct=args.prior_correct,
+                pretrain_task=args.pretrain_task,
             )  # fmt: skip
         )
         return 0
@@ -185,6 +202,7 @@ def _train(args: argparse.Namespace) -> int:
         args.overrides = [*args.overrides, *pinned]
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
     startup_clock.mark("config")
+    from rl_train.engines.sandbox import SandboxUnavailable
     from rl_train.storage.dataset import DatasetError
     from rl_train.storage.metrics import RunDirectoryExistsError
 
@@ -193,7 +211,7 @@ def _train(args: argparse.Namespace) -> int:
     except DatasetError as exc:
         print(f"rl-train: bad dataset: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, RunDirectoryExistsError) as exc:
+    except (FileNotFoundError, RunDirectoryExistsError, SandboxUnavailable) as exc:
         print(f"rl-train: {exc}", file=sys.stderr)
         return 2
     startup_clock.mark("inputs")
@@ -205,7 +223,11 @@ def _train(args: argparse.Namespace) -> int:
     try:
         # Ray, Prefect's API and the imports at once; the run's actors as soon as Ray is up
         warm_start(
-            config.ray.address, config.ray.num_cpus, use_prefect, config.num_actors, after_ray=lambda: _prelaunch(config)
+            config.ray.address,
+            config.ray.num_cpus,
+            use_prefect,
+            config.num_actors,
+            after_ray=lambda: _prelaunch(config),
         )
         if not use_prefect:
             from rl_train.flows.train import run_training
@@ -256,7 +278,9 @@ def _eval(args: argparse.Namespace) -> int:
         if args.no_prefect:
             summary = evaluate_run(args.run_dir, args.step, args.extra, force=args.force).summary()
         else:
-            summary = eval_flow(run_dir=args.run_dir, step=args.step, extra_val_files=args.extra, force=args.force)
+            summary = eval_flow(
+                run_dir=args.run_dir, step=args.step, extra_val_files=args.extra, force=args.force
+            )
     except (CheckpointError, DatasetError, FileNotFoundError) as exc:
         print(f"rl-train: {exc}", file=sys.stderr)
         return 2
@@ -267,14 +291,16 @@ def _eval(args: argparse.Namespace) -> int:
 def check_inputs(config: Config) -> None:
     """Everything a user gets wrong first, checked before a flow run or Ray starts: the model
     path, every dataset row (built-in data is written first) and that a reward function takes
-    its data_source, and the run directory.
+    its data_source, that a sandbox can start where the run would execute untrusted code, and
+    the run directory.
 
-    Raises ``FileNotFoundError``, ``DatasetError`` or ``RunDirectoryExistsError``. The run
+    Raises ``FileNotFoundError``, ``DatasetError``, ``SandboxUnavailable`` or ``RunDirectoryExistsError``. The run
     directory comes last and is only inspected (fresh, resume or overwrite: ``plan_run_start``);
     the trainer acts on it when it starts.
     """
     from rl_train.engines.agent.config import check_agent_loop
     from rl_train.engines.reward.rules import route_reward_fn
+    from rl_train.engines.sandbox import require_sandbox
     from rl_train.flows.resume import plan_run_start
     from rl_train.storage.dataset import load_prompts
 
@@ -289,9 +315,18 @@ def check_inputs(config: Config) -> None:
         from rl_train.storage.builtin_data import write_builtin_task
 
         write_builtin_task(data.builtin_task, data.data_dir, seed=config.run.seed)
-    load_prompts(data.resolved_train_files(), check_data_source=route_reward_fn, check_agent_name=check_agent_loop)
+    loops = {config.rollout.agent.default, *config.rollout.agent.by_data_source.values()}
+
+    def agent_loop(name: str) -> str:
+        loops.add(check_agent_loop(name))
+        return name
+
+    load_prompts(data.resolved_train_files(), check_data_source=route_reward_fn, check_agent_name=agent_loop)
     if needs_val:
-        load_prompts(data.resolved_val_files(), check_data_source=route_reward_fn, check_agent_name=check_agent_loop)
+        load_prompts(
+            data.resolved_val_files(), check_data_source=route_reward_fn, check_agent_name=agent_loop
+        )
+    require_sandbox(config.untrusted_code(loops), config.sandbox.allow_unsandboxed)
     plan_run_start(config, f"{config.run.output_dir.rstrip('/')}/{config.run.name}")
 
 

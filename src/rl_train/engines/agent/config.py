@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from rl_train.algorithms.config import StrictModel
 from rl_train.engines.agent.registry import AGENT_LOOPS
+from rl_train.engines.sandbox import SandboxConfig
 
 
 def check_agent_loop(name: str) -> str:
@@ -46,6 +47,21 @@ class AgentConfig(StrictModel):
     """gateway_agent: run the agent as this command instead ({base_url}, {api_key}, {task} filled in)."""
     gateway_timeout_s: float = Field(300.0, gt=0)
     """gateway_agent: longest one agent may take; it is then abandoned and its session ends as it stands."""
+
+    _sandbox: SandboxConfig = PrivateAttr(default_factory=SandboxConfig)
+
+    @property
+    def sandbox(self) -> SandboxConfig:
+        """The run's top-level ``sandbox`` section, handed to the loops with this one
+        (``with_sandbox``): how the python tool runs its code."""
+        return self._sandbox
+
+    def with_sandbox(self, sandbox: SandboxConfig | dict[str, Any] | None) -> AgentConfig:
+        """This config, carrying the run's ``sandbox`` section (a dump of it, or None: defaults)."""
+        self._sandbox = (
+            SandboxConfig.model_validate(sandbox or {}) if not isinstance(sandbox, SandboxConfig) else sandbox
+        )
+        return self
 
     @field_validator("default")
     @classmethod

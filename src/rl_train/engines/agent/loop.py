@@ -13,7 +13,9 @@ States: PENDING -> GENERATING <-> PROCESSING_TOOLS -> TERMINATED.
   fails becomes an error observation the model reads; the loop never crashes on it.
 - **Limits.** ``max_turns`` model turns, ``max_response_tokens`` tokens of response (generated
   and observed together), ``tool_timeout_s`` per call; hitting one ends the trajectory with
-  its name as the stop reason.
+  its name as the stop reason. The tool time limit is also kept from here, outside the tool:
+  a call not answered ``TOOL_GRACE_S`` past it is answered with the time-out error, and its
+  thread is left to end (a sandboxed tool's sandbox is killed by then anyway).
 
 A batch of trajectories is stepped together, but no trajectory waits for another's tool: each
 round generates, as one engine batch, every trajectory whose tool has answered by then, while
@@ -49,6 +51,12 @@ from typing import Any
 from rl_train.engines.agent.chat import parse_tool_call, tool_observation
 from rl_train.engines.agent.tools import ToolResult, long_tail_seconds, run_tool
 from rl_train.engines.rollout.protocol import GenerationRequest, RolloutEngine, SamplingParams
+from rl_train.engines.sandbox import GRACE_S, SandboxConfig
+
+TOOL_GRACE_S = 2 * GRACE_S
+"""Past its time limit by this much an unanswered tool call is answered with the time-out error:
+later than a sandbox's own kill (``GRACE_S``), so that a program's partial output usually
+comes back first."""
 
 
 class AgentState(enum.Enum):
@@ -67,12 +75,17 @@ class AgentLimits:
     """Median of the lognormal delay added to every tool call (0: none)."""
     tool_latency_sigma: float = 1.4
     """Shape of that delay: p99/p50 = exp(2.326 sigma)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """How the python tool runs its code."""
 
     def tool_delay(self, request_id: str, turn: int) -> float:
         """The delay of the call made at ``turn`` of trajectory ``request_id`` (0 when off)."""
         if self.tool_latency_median_s <= 0:
             return 0.0
-        return long_tail_seconds(f"{request_id}#{turn}", self.tool_latency_median_s, self.tool_latency_sigma, float("inf"))
+        return long_tail_seconds(
+            f"{request_id}#{turn}", self.tool_latency_median_s, self.tool_latency_sigma, float("inf")
+        )
+
 
 Call = tuple[str, dict[str, Any]] | str
 """A parsed tool call (name, arguments), or what is wrong with a malformed one."""
@@ -108,7 +121,9 @@ class AgentTrajectory:
     turn_start: int | None = None
     """Where the turn an engine abort interrupted began in ``response_ids`` (None between turns)."""
 
-    def add_generated(self, ids: list[int], log_probs: list[float], versions: list[int], ended: bool = True) -> None:
+    def add_generated(
+        self, ids: list[int], log_probs: list[float], versions: list[int], ended: bool = True
+    ) -> None:
         """A model turn's ids (mask 1), with their log-probs and weight versions; ``ended`` false:
         the turn was interrupted and goes on in the next round (not counted yet)."""
         self.response_ids += ids
@@ -140,6 +155,8 @@ class _ToolWait:
     ready_at: float
     """``time.monotonic()`` from which the answer may be read (the simulated latency, if any)."""
     delay: float
+    deadline: float = float("inf")
+    """``time.monotonic()`` at which a call still running is answered with the time-out error."""
 
 
 class ToolAgentLoop:
@@ -147,7 +164,9 @@ class ToolAgentLoop:
     of generation is one engine batch of the trajectories ready to generate, and tool calls run
     side by side on ``tool_threads`` threads."""
 
-    def __init__(self, engine: RolloutEngine, limits: AgentLimits | None = None, tool_threads: int = 16) -> None:
+    def __init__(
+        self, engine: RolloutEngine, limits: AgentLimits | None = None, tool_threads: int = 16
+    ) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.limits = limits or AgentLimits()
@@ -176,7 +195,10 @@ class ToolAgentLoop:
         reported: set[str] = set()
 
         def admitted() -> list[AgentTrajectory]:
-            new = [AgentTrajectory(rid, list(ids), states=[AgentState.PENDING]) for rid, ids in (admit() if admit else [])]
+            new = [
+                AgentTrajectory(rid, list(ids), states=[AgentState.PENDING])
+                for rid, ids in (admit() if admit else [])
+            ]
             trajectories.extend(new)
             return new
 
@@ -199,7 +221,9 @@ class ToolAgentLoop:
                 ready += admitted()
                 generating = [t for t in ready if not self._out_of_room(t)]
                 interrupted: list[AgentTrajectory] = []
-                if generating and self._generate_round(generating, turn_params, pool, waiting, stop, interrupted):
+                if generating and self._generate_round(
+                    generating, turn_params, pool, waiting, stop, interrupted
+                ):
                     break  # the engine was aborted: the replica is being held
                 report()
                 # an interrupted turn goes on at once (its engine call waits out the pause)
@@ -270,8 +294,19 @@ class ToolAgentLoop:
             answer.set_result(ToolResult(text, True))
             delay = min(delay, timeout)
         else:
-            answer = pool.submit(run_tool, call[0], call[1], timeout)
-        return _ToolWait(trajectory, call, answer, time.monotonic() + delay, delay)
+            answer = pool.submit(run_tool, call[0], call[1], timeout, self.limits.sandbox)
+        now = time.monotonic()
+        return _ToolWait(trajectory, call, answer, now + delay, delay, now + timeout + TOOL_GRACE_S)
+
+    def _overran(self, waiting: list[_ToolWait], now: float) -> None:
+        """Answers each call still running past its deadline with the time-out error."""
+        for wait_ in waiting:
+            if not wait_.answer.done() and now >= wait_.deadline:
+                wait_.answer = Future()
+                limit = self.limits.tool_timeout_s
+                wait_.answer.set_result(
+                    ToolResult(f"error: no answer within {limit:g} s", True, limit + TOOL_GRACE_S)
+                )
 
     def _answered(
         self,
@@ -289,6 +324,7 @@ class ToolAgentLoop:
             if new:
                 return new + self._answered(waiting, stop, block=False)
             now = time.monotonic()
+            self._overran(waiting, now)
             done = [w for w in waiting if w.answer.done() and w.ready_at <= now]
             if done:
                 for wait_ in done:
@@ -301,6 +337,9 @@ class ToolAgentLoop:
                 return []
             running = [w.answer for w in waiting if not w.answer.done()]
             next_ready = min((w.ready_at for w in waiting if w.answer.done()), default=None)
+            next_deadline = min((w.deadline for w in waiting if not w.answer.done()), default=float("inf"))
+            if next_ready is None or next_deadline < next_ready:
+                next_ready = None if next_deadline == float("inf") else next_deadline
             timeout = None if next_ready is None else max(next_ready - now, 0.0)
             if stop is not None or more is not None:
                 timeout = _POLL_SECONDS if timeout is None else min(timeout, _POLL_SECONDS)

@@ -52,10 +52,20 @@ def single_turn(
     states = [AgentState.PENDING, AgentState.GENERATING, AgentState.TERMINATED]
     return [
         AgentTrajectory(
-            rid, list(ids), list(result.response_ids), [], list(result.log_probs), list(result.token_versions),
-            turns=1, stop_reason=result.stop_reason, states=list(states), routes=result.routes,
+            rid,
+            list(ids),
+            list(result.response_ids),
+            [],
+            list(result.log_probs),
+            list(result.token_versions),
+            turns=1,
+            stop_reason=result.stop_reason,
+            states=list(states),
+            routes=result.routes,
         )  # fmt: skip
-        for (rid, ids, _), result in zip(starts, engine.generate(requests, params) if requests else [], strict=True)
+        for (rid, ids, _), result in zip(
+            starts, engine.generate(requests, params) if requests else [], strict=True
+        )
     ]
 
 
@@ -69,8 +79,9 @@ def tool_agent(
     admit: Admit | None = None,
 ) -> list[AgentTrajectory]:
     limits = AgentLimits(
-        cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s, cfg.tool_latency_median_s, cfg.tool_latency_sigma
-    )
+        cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s, cfg.tool_latency_median_s, cfg.tool_latency_sigma,
+        cfg.sandbox,
+    )  # fmt: skip
     loop = ToolAgentLoop(engine, limits, cfg.tool_threads)
     more = None if admit is None else (lambda: [(rid, ids) for rid, ids, _ in admit()])
     return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params, stop, on_done, more)

@@ -37,13 +37,19 @@ class PolicyEvaluator:
     """The rollout engine of one HF policy directory and the reward workers' scoring."""
 
     def __init__(
-        self, policy_dir: str | Path, engine: str = "torch", seed: int = 0, agent: dict[str, Any] | None = None
+        self,
+        policy_dir: str | Path,
+        engine: str = "torch",
+        seed: int = 0,
+        agent: dict[str, Any] | None = None,
+        sandbox: dict[str, Any] | None = None,
     ) -> None:
-        """``agent``: the run's ``rollout.agent``, so that each prompt is answered by its loop."""
+        """``agent``: the run's ``rollout.agent``, so that each prompt is answered by its loop;
+        ``sandbox``: the run's ``sandbox``, how its tools run untrusted code."""
         from rl_train.engines.agent.config import AgentConfig
 
         self.engine: RolloutEngine = build_rollout_engine(engine, policy_dir, seed=seed)
-        self.agent = AgentConfig.model_validate(agent or {})
+        self.agent = AgentConfig.model_validate(agent or {}).with_sandbox(sandbox)
         self.reader = RewardWorker(str(policy_dir), tq=None)
         """Only its response reading is used here; its ``score`` goes through a queue actor."""
 
@@ -63,7 +69,9 @@ class PolicyEvaluator:
         results: dict[str, Any] = {}
         for loop in dict.fromkeys(loops):
             starts: list[Start] = [
-                (str(j), self.encode_prompt(prompts[i]["prompt"]), []) for j, i in enumerate(owners) if loops[j] == loop
+                (str(j), self.encode_prompt(prompts[i]["prompt"]), [])
+                for j, i in enumerate(owners)
+                if loops[j] == loop
             ]
             # no stop (an evaluation runs to its end), no early hand-off, no starts queued later
             finished = AGENT_LOOPS.get(loop)(self.engine, starts, params, self.agent, None, None, None)
@@ -71,7 +79,10 @@ class PolicyEvaluator:
         answers = []
         for j, i in enumerate(owners):
             result, row, truth = results[str(j)], prompts[i], str(prompts[i]["ground_truth"])
-            record = {"response_ids": result.response_ids, **(agent_fields(result) if loops[j] != "single_turn" else {})}
+            record = {
+                "response_ids": result.response_ids,
+                **(agent_fields(result) if loops[j] != "single_turn" else {}),
+            }
             text = self.reader.response_text(record)
             reward = float(route_reward_fn(row["data_source"])(text, truth))
             answers.append(ScoredAnswer(i, row["prompt"], text, truth, reward, result.stop_reason))

@@ -26,7 +26,7 @@ class GatewayRelay:
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
-        self.folder = tempfile.mkdtemp(prefix="rlt-gateway-")
+        self.folder = tempfile.mkdtemp(prefix="rlt-sandbox-gw-")
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None

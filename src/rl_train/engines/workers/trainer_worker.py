@@ -51,7 +51,14 @@ def _import_engine_side() -> None:
     for the class, to create the actor; with these at the top it would import torch (about
     3 s of CPU at every start, on the cores the run's other processes start on) for a
     process that never touches a tensor. ``tests/unit/test_driver_imports.py`` holds it."""
-    global torch, build_actor_loss_fn, build_training_engine, run_sender, CheckpointSnapshot, clone_state, rng_state
+    global \
+        torch, \
+        build_actor_loss_fn, \
+        build_training_engine, \
+        run_sender, \
+        CheckpointSnapshot, \
+        clone_state, \
+        rng_state
     global set_rng_state, join_world, collate, scatter_response, build_router_replay
     import torch
 
@@ -91,12 +98,14 @@ class TrainerWorker:
         rollout_options: dict[str, Any] | None = None,
         model_impl: str = "auto",
         agent: dict[str, Any] | None = None,
+        sandbox: dict[str, Any] | None = None,
     ) -> None:
         """``rollout_engine`` (with ``rollout_options``), ``tool_env``: what the spare rescue
         engine is built as and meets. With several ranks and no ``dist_address`` the rank
         waits for ``start`` (the pools pass rank 0's ``rendezvous_address`` to every rank).
         ``model_impl``: the torch engine's model code (``model.impl``); ``agent``: the
-        ``rollout.agent`` dump the spare rescue engine answers prompts with."""
+        ``rollout.agent`` dump the spare rescue engine answers prompts with, and ``sandbox`` the
+        run's ``sandbox`` dump its tools run untrusted code under."""
         keep_freed_memory()  # before the model: its tensors' pages stay the process's
         _import_engine_side()
         self.cfg = ActorConfig.model_validate(actor)
@@ -106,6 +115,7 @@ class TrainerWorker:
         self._engine_args = (model_path, horizon_steps, temperature, seed, with_reference)
         self.model_impl = model_impl
         self.agent = agent
+        self.sandbox = sandbox
         # the model is split over the ranks (megatron TP/PP, or FSDP shards): exports are collectives
         split = self.cfg.megatron.tensor_parallel_size * self.cfg.megatron.pipeline_parallel_size
         self._split_model = split > 1 or (self.cfg.fsdp and world_size > 1)
@@ -167,17 +177,31 @@ class TrainerWorker:
         if self.world_size > 1:
             assert dist_address is not None, "a rank of several needs the pool's rendezvous address"
             # tensors on CUDA meet over NCCL (megatron takes CUDA whenever it is there), host ones over gloo
-            on_gpu = self.cfg.device == "cuda" or (self.cfg.engine == "megatron" and torch.cuda.is_available())
+            on_gpu = self.cfg.device == "cuda" or (
+                self.cfg.engine == "megatron" and torch.cuda.is_available()
+            )
             join_world(dist_address, self.rank, self.world_size, "nccl" if on_gpu else "gloo")
         model_path, horizon_steps, temperature, seed, with_reference = self._engine_args
         check_device(self.cfg.device, "actor.device")
         self._engine = build_training_engine(
-            self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
+            self.cfg.engine,
+            model_path,
+            self.cfg,
+            horizon_steps,
+            temperature,
+            seed,
+            model_impl=self.model_impl,
         )
         self._router_replay = build_router_replay(self.cfg.router_replay, self._engine, self.cfg.engine)
         self.reference = (
             build_training_engine(
-                self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
+                self.cfg.engine,
+                model_path,
+                self.cfg,
+                horizon_steps,
+                temperature,
+                seed,
+                model_impl=self.model_impl,
             )
             if with_reference
             else None
@@ -199,7 +223,9 @@ class TrainerWorker:
         assert engine is not None, "this rank was built without a reference model"
         if out_field == "old_log_probs":  # pi_old's pass: its routing is the router-replay strategy's
             records = self._records(partition, keys, self.router_replay.old_log_prob_fields())
-            log_probs, extra = self.router_replay.old_log_probs(engine, collate(records, self.pad_token_id), records)
+            log_probs, extra = self.router_replay.old_log_probs(
+                engine, collate(records, self.pad_token_id), records
+            )
         else:
             records = self._records(partition, keys, [])
             log_probs = engine.compute_log_probs(collate(records, self.pad_token_id))["log_probs"]
@@ -308,6 +334,7 @@ class TrainerWorker:
                 engine_options=self.rollout_options,
                 agent=self.agent,
                 rescue=True,
+                sandbox=self.sandbox,
             )
         spare = self.spare
         spare.wake_up()
@@ -340,13 +367,17 @@ class TrainerWorker:
             policy_dir=policy_dir,
         )
 
-    def write_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None) -> list[PartEntry]:
+    def write_checkpoint(
+        self, root: str, step: int, storage_options: dict[str, Any] | None
+    ) -> list[PartEntry]:
         """Write the last snapshot's parts into checkpoint ``step``; returns their entries."""
         snapshot = self._checkpoint
         if snapshot is None:
             raise RuntimeError(f"trainer rank {self.rank}: write_checkpoint({step}) without a snapshot")
         try:
-            return snapshot.write(CheckpointStore(root, storage_options=storage_options), step, f"actor/rank-{self.rank}")
+            return snapshot.write(
+                CheckpointStore(root, storage_options=storage_options), step, f"actor/rank-{self.rank}"
+            )
         finally:
             self._drop_checkpoint_snapshot()
 
@@ -376,4 +407,3 @@ class TrainerWorker:
 
     def ping(self) -> int:
         return self.rank
-
