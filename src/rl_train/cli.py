@@ -84,30 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the rl-train deployments against the configured Prefect API")
     serve.add_argument("--limit", type=int, default=1, help="concurrent flow runs")
     serve.add_argument("--eval-run-dir", metavar="RUN_DIR", help="the run the eval schedule evaluates")
-    serve.add_argument(
-        "--eval-every", type=int, metavar="SECONDS", help="evaluate its newest checkpoint every N s"
-    )
-    serve.add_argument(
-        "--eval-cron", metavar="CRON", help="evaluate its newest checkpoint on a cron schedule"
-    )
-    serve.add_argument(
-        "--eval-extra", action="append", default=[], metavar="FILE", help="another dataset to score"
-    )
+    serve.add_argument("--eval-every", type=int, metavar="SECONDS", help="evaluate its newest checkpoint every N s")
+    serve.add_argument("--eval-cron", metavar="CRON", help="evaluate its newest checkpoint on a cron schedule")
+    serve.add_argument("--eval-extra", action="append", default=[], metavar="FILE", help="another dataset to score")
 
-    evaluate = sub.add_parser(
-        "eval", help="evaluate a run's newest complete checkpoint (the rl-eval flow, once)"
-    )
+    evaluate = sub.add_parser("eval", help="evaluate a run's newest complete checkpoint (the rl-eval flow, once)")
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (a path or s3:// URI)")
     evaluate.add_argument("--step", type=int, help="this checkpoint step (default: the newest complete one)")
-    evaluate.add_argument(
-        "--extra", action="append", default=[], metavar="FILE", help="another dataset to score"
-    )
-    evaluate.add_argument(
-        "--force", action="store_true", help="evaluate a step again that was evaluated already"
-    )
-    evaluate.add_argument(
-        "--no-prefect", action="store_true", help="without a Prefect flow run (no artifacts)"
-    )
+    evaluate.add_argument("--extra", action="append", default=[], metavar="FILE", help="another dataset to score")
+    evaluate.add_argument("--force", action="store_true", help="evaluate a step again that was evaluated already")
+    evaluate.add_argument("--no-prefect", action="store_true", help="without a Prefect flow run (no artifacts)")
     return parser
 
 
@@ -140,11 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(
             create_tiny_policy(
-                args.out,
-                seed=args.seed,
-                pretrain_steps=args.pretrain_steps,
-                prior_correct=args.prior_correct,
-                pretrain_task=args.pretrain_task,
+                args.out, seed=args.seed, pretrain_steps=args.pretrain_steps,
+                prior_correct=args.prior_correct, pretrain_task=args.pretrain_task,
             )  # fmt: skip
         )
         return 0
@@ -223,11 +206,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         # Ray, Prefect's API and the imports at once; the run's actors as soon as Ray is up
         warm_start(
-            config.ray.address,
-            config.ray.num_cpus,
-            use_prefect,
-            config.num_actors,
-            after_ray=lambda: _prelaunch(config),
+            config.ray.address, config.ray.num_cpus, use_prefect, config.num_actors, after_ray=lambda: _prelaunch(config)
         )
         if not use_prefect:
             from rl_train.flows.train import run_training
@@ -278,9 +257,7 @@ def _eval(args: argparse.Namespace) -> int:
         if args.no_prefect:
             summary = evaluate_run(args.run_dir, args.step, args.extra, force=args.force).summary()
         else:
-            summary = eval_flow(
-                run_dir=args.run_dir, step=args.step, extra_val_files=args.extra, force=args.force
-            )
+            summary = eval_flow(run_dir=args.run_dir, step=args.step, extra_val_files=args.extra, force=args.force)
     except (CheckpointError, DatasetError, FileNotFoundError) as exc:
         print(f"rl-train: {exc}", file=sys.stderr)
         return 2
@@ -323,9 +300,7 @@ def check_inputs(config: Config) -> None:
 
     load_prompts(data.resolved_train_files(), check_data_source=route_reward_fn, check_agent_name=agent_loop)
     if needs_val:
-        load_prompts(
-            data.resolved_val_files(), check_data_source=route_reward_fn, check_agent_name=agent_loop
-        )
+        load_prompts(data.resolved_val_files(), check_data_source=route_reward_fn, check_agent_name=agent_loop)
     require_sandbox(config.untrusted_code(loops), config.sandbox.allow_unsandboxed)
     plan_run_start(config, f"{config.run.output_dir.rstrip('/')}/{config.run.name}")
 

@@ -58,9 +58,7 @@ class AgentConfig(StrictModel):
 
     def with_sandbox(self, sandbox: SandboxConfig | dict[str, Any] | None) -> AgentConfig:
         """This config, carrying the run's ``sandbox`` section (a dump of it, or None: defaults)."""
-        self._sandbox = (
-            SandboxConfig.model_validate(sandbox or {}) if not isinstance(sandbox, SandboxConfig) else sandbox
-        )
+        self._sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig.model_validate(sandbox or {})
         return self
 
     @field_validator("default")

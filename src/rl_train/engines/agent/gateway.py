@@ -33,9 +33,7 @@ MAX_BODY_BYTES = 1 << 20
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(
-        status, "invalid_request_error"
-    )
+    kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(status, "invalid_request_error")
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
 
@@ -49,10 +47,7 @@ def create_gateway(core: GatewayCore, max_body_bytes: int = MAX_BODY_BYTES) -> F
     @app.get("/v1/models")
     def models(request: Request) -> dict[str, Any]:
         core.store.authenticate(request.headers.get("authorization"))
-        return {
-            "object": "list",
-            "data": [{"id": core.model_name, "object": "model", "created": 0, "owned_by": "rl-train"}],
-        }
+        return {"object": "list", "data": [{"id": core.model_name, "object": "model", "created": 0, "owned_by": "rl-train"}]}
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Any:
@@ -82,9 +77,7 @@ def create_gateway(core: GatewayCore, max_body_bytes: int = MAX_BODY_BYTES) -> F
             "object": "chat.completion",
             "created": int(time.time()),
             "model": core.model_name,
-            "choices": [
-                {"index": 0, "message": turn.message, "finish_reason": turn.finish_reason, "logprobs": None}
-            ],
+            "choices": [{"index": 0, "message": turn.message, "finish_reason": turn.finish_reason, "logprobs": None}],
             "usage": {
                 "prompt_tokens": turn.prompt_tokens,
                 "completion_tokens": turn.completion_tokens,

@@ -72,25 +72,11 @@ class _Mark:
     def of(cls, session: Session) -> _Mark:
         t = session.trajectory
         lengths = (
-            (
-                len(t.response_ids),
-                len(t.response_mask),
-                len(t.log_probs),
-                len(t.token_versions),
-                len(t.tool_calls),
-                len(t.states),
-            )
+            (len(t.response_ids), len(t.response_mask), len(t.log_probs), len(t.token_versions), len(t.tool_calls), len(t.states))
             if t is not None
             else ()
         )
-        return cls(
-            t is not None,
-            lengths,
-            t.turns if t else 0,
-            t.stop_reason if t else "",
-            len(session.transcript),
-            session.last_answer_at,
-        )
+        return cls(t is not None, lengths, t.turns if t else 0, t.stop_reason if t else "", len(session.transcript), session.last_answer_at)
 
     def restore(self, session: Session) -> None:
         del session.transcript[self.transcript :]
@@ -99,14 +85,7 @@ class _Mark:
         if not self.had_trajectory or t is None:
             session.trajectory = None
             return
-        columns: tuple[list[Any], ...] = (
-            t.response_ids,
-            t.response_mask,
-            t.log_probs,
-            t.token_versions,
-            t.tool_calls,
-            t.states,
-        )
+        columns: tuple[list[Any], ...] = (t.response_ids, t.response_mask, t.log_probs, t.token_versions, t.tool_calls, t.states)
         for values, length in zip(columns, self.lengths, strict=True):
             del values[length:]
         t.turns, t.stop_reason = self.turns, self.stop_reason
@@ -171,13 +150,7 @@ class GatewayCore:
                 raise
 
     def _answer(
-        self,
-        session: Session,
-        added: list[dict[str, Any]],
-        temperature: float,
-        top_p: float,
-        limit: int | None,
-        seed: int | None,
+        self, session: Session, added: list[dict[str, Any]], temperature: float, top_p: float, limit: int | None, seed: int | None
     ) -> ChatTurn:
         trajectory = self._append(session, added)
         room = session.max_response_tokens - len(trajectory.response_ids)
@@ -185,17 +158,11 @@ class GatewayCore:
             trajectory.stop_reason = "max_turns" if room > 0 else "length"
             session.transcript += added
             return ChatTurn({"role": "assistant", "content": ""}, "length", len(trajectory.prompt_ids), 0, [])
-        budget = (
-            session.max_response_tokens
-            if limit is None
-            else min(session.max_response_tokens, len(trajectory.response_ids) + limit)
-        )
+        budget = session.max_response_tokens if limit is None else min(session.max_response_tokens, len(trajectory.response_ids) + limit)
         params = SamplingParams(temperature, top_p, budget, seed)
         trajectory.states.append(AgentState.GENERATING)
         keep = trajectory.turns + 1 < session.max_turns  # the session may come back for another turn
-        request = GenerationRequest(
-            session.session_id, trajectory.prompt_ids, list(trajectory.response_ids), keep_kv=keep
-        )
+        request = GenerationRequest(session.session_id, trajectory.prompt_ids, list(trajectory.response_ids), keep_kv=keep)
         result = self.generate(request, params)
         new_ids = list(result.response_ids[len(trajectory.response_ids) :])
         trajectory.add_generated(new_ids, list(result.log_probs), list(result.token_versions))
@@ -212,34 +179,22 @@ class GatewayCore:
             if any(m["role"] not in ("system", "user") for m in added):
                 raise SessionError(400, "the first request holds system and user messages only")
             text = "\n".join(m["content"] for m in added)
-            session.trajectory = AgentTrajectory(
-                session.session_id, prompt_ids(self.tokenizer, text), states=[AgentState.PENDING]
-            )
+            session.trajectory = AgentTrajectory(session.session_id, prompt_ids(self.tokenizer, text), states=[AgentState.PENDING])
             return session.trajectory
         trajectory = session.trajectory
-        last_calls = (
-            {c["id"]: c["name"] for c in (session.transcript[-1].get("tool_calls") or [])}
-            if session.transcript
-            else {}
-        )
+        last_calls = {c["id"]: c["name"] for c in (session.transcript[-1].get("tool_calls") or [])} if session.transcript else {}
         for message in added:
             if message["role"] == "tool":
                 text = tool_observation(message["content"])
                 name = last_calls.get(message.get("tool_call_id"), "<unknown>")
-                trajectory.tool_calls.append(
-                    tool_call_record(name, time.monotonic() - session.last_answer_at)
-                )
+                trajectory.tool_calls.append(tool_call_record(name, time.monotonic() - session.last_answer_at))
                 trajectory.states.append(AgentState.PROCESSING_TOOLS)
             else:
                 text = user_observation(message["content"])
-            trajectory.add_observed(
-                observation_ids(self.tokenizer, text), self.version(), session.max_response_tokens
-            )
+            trajectory.add_observed(observation_ids(self.tokenizer, text), self.version(), session.max_response_tokens)
         return trajectory
 
-    def _assistant_message(
-        self, session: Session, new_ids: list[int], stop_reason: str, turn: int
-    ) -> tuple[dict[str, Any], str]:
+    def _assistant_message(self, session: Session, new_ids: list[int], stop_reason: str, turn: int) -> tuple[dict[str, Any], str]:
         text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
         call = parse_tool_call(text)
         if isinstance(call, tuple):
@@ -248,9 +203,5 @@ class GatewayCore:
                 "type": "function",
                 "function": {"name": call[0], "arguments": json.dumps(call[1])},
             }
-            return {
-                "role": "assistant",
-                "content": text_before_call(text) or None,
-                "tool_calls": [tool_call],
-            }, "tool_calls"
+            return {"role": "assistant", "content": text_before_call(text) or None, "tool_calls": [tool_call]}, "tool_calls"
         return {"role": "assistant", "content": text}, "length" if stop_reason == "length" else "stop"

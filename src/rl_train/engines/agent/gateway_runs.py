@@ -37,9 +37,7 @@ def gateway_for(engine: Any) -> GatewayServer:
         found = _GATEWAYS.get(id(engine))
         if found is None:
             batcher = MicroBatcher(engine)
-            server = GatewayServer(
-                GatewayCore(batcher.generate, engine.tokenizer, lambda: engine.version)
-            ).start()
+            server = GatewayServer(GatewayCore(batcher.generate, engine.tokenizer, lambda: engine.version)).start()
             found = _GATEWAYS[id(engine)] = (server, batcher)
         return found[0]
 
@@ -81,21 +79,11 @@ def run_gateway_agents(
         if program is not None:
             program(server.base_url, token, task)
             return
-        command = [
-            part.format(base_url=server.base_url, api_key=token, task=task) for part in cfg.gateway_command
-        ]
-        subprocess.run(
-            command,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=cfg.gateway_timeout_s,
-            check=False,
-        )
+        command = [part.format(base_url=server.base_url, api_key=token, task=task) for part in cfg.gateway_command]
+        subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=cfg.gateway_timeout_s, check=False)
 
     errors: dict[str, BaseException] = {}
-    with ThreadPoolExecutor(
-        min(cfg.tool_threads, max(len(starts), 1)), thread_name_prefix="gateway-agent"
-    ) as pool:
+    with ThreadPoolExecutor(min(cfg.tool_threads, max(len(starts), 1)), thread_name_prefix="gateway-agent") as pool:
         futures = {rid: pool.submit(one, (rid, ids)) for rid, ids in starts}
         for rid, future in futures.items():
             try:

@@ -17,9 +17,7 @@ from rl_train.engines.agent.gateway_core import GatewayCore
 
 
 class GatewayServer:
-    def __init__(
-        self, core: GatewayCore, host: str = "127.0.0.1", port: int = 0, max_body_bytes: int = 1 << 20
-    ) -> None:
+    def __init__(self, core: GatewayCore, host: str = "127.0.0.1", port: int = 0, max_body_bytes: int = 1 << 20) -> None:
         self.core = core
         self.host = host
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -27,11 +25,7 @@ class GatewayServer:
         self._socket.bind((host, port))
         self.port = int(self._socket.getsockname()[1])
         config = uvicorn.Config(
-            create_gateway(core, max_body_bytes),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=5,
+            create_gateway(core, max_body_bytes), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5
         )
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
@@ -41,9 +35,7 @@ class GatewayServer:
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self, timeout_s: float = 30.0) -> GatewayServer:
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._socket]}, name="gateway", daemon=True
-        )
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, name="gateway", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:

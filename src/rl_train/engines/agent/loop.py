@@ -53,11 +53,6 @@ from rl_train.engines.agent.tools import ToolResult, long_tail_seconds, run_tool
 from rl_train.engines.rollout.protocol import GenerationRequest, RolloutEngine, SamplingParams
 from rl_train.engines.sandbox import GRACE_S, SandboxConfig
 
-TOOL_GRACE_S = 2 * GRACE_S
-"""Past its time limit by this much an unanswered tool call is answered with the time-out error:
-later than a sandbox's own kill (``GRACE_S``), so that a program's partial output usually
-comes back first."""
-
 
 class AgentState(enum.Enum):
     PENDING = "pending"
@@ -82,16 +77,17 @@ class AgentLimits:
         """The delay of the call made at ``turn`` of trajectory ``request_id`` (0 when off)."""
         if self.tool_latency_median_s <= 0:
             return 0.0
-        return long_tail_seconds(
-            f"{request_id}#{turn}", self.tool_latency_median_s, self.tool_latency_sigma, float("inf")
-        )
-
+        return long_tail_seconds(f"{request_id}#{turn}", self.tool_latency_median_s, self.tool_latency_sigma, float("inf"))
 
 Call = tuple[str, dict[str, Any]] | str
 """A parsed tool call (name, arguments), or what is wrong with a malformed one."""
 
 _POLL_SECONDS = 0.02
 """How often a loop waiting on tools looks at its stop event."""
+TOOL_GRACE_S = 2 * GRACE_S
+"""Past its time limit by this much an unanswered tool call is answered with the time-out error:
+later than a sandbox's own kill (``GRACE_S``), so that a program's partial output usually
+comes back first."""
 
 
 @dataclass
@@ -121,9 +117,7 @@ class AgentTrajectory:
     turn_start: int | None = None
     """Where the turn an engine abort interrupted began in ``response_ids`` (None between turns)."""
 
-    def add_generated(
-        self, ids: list[int], log_probs: list[float], versions: list[int], ended: bool = True
-    ) -> None:
+    def add_generated(self, ids: list[int], log_probs: list[float], versions: list[int], ended: bool = True) -> None:
         """A model turn's ids (mask 1), with their log-probs and weight versions; ``ended`` false:
         the turn was interrupted and goes on in the next round (not counted yet)."""
         self.response_ids += ids
@@ -164,9 +158,7 @@ class ToolAgentLoop:
     of generation is one engine batch of the trajectories ready to generate, and tool calls run
     side by side on ``tool_threads`` threads."""
 
-    def __init__(
-        self, engine: RolloutEngine, limits: AgentLimits | None = None, tool_threads: int = 16
-    ) -> None:
+    def __init__(self, engine: RolloutEngine, limits: AgentLimits | None = None, tool_threads: int = 16) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.limits = limits or AgentLimits()
@@ -195,10 +187,7 @@ class ToolAgentLoop:
         reported: set[str] = set()
 
         def admitted() -> list[AgentTrajectory]:
-            new = [
-                AgentTrajectory(rid, list(ids), states=[AgentState.PENDING])
-                for rid, ids in (admit() if admit else [])
-            ]
+            new = [AgentTrajectory(rid, list(ids), states=[AgentState.PENDING]) for rid, ids in (admit() if admit else [])]
             trajectories.extend(new)
             return new
 
@@ -221,9 +210,7 @@ class ToolAgentLoop:
                 ready += admitted()
                 generating = [t for t in ready if not self._out_of_room(t)]
                 interrupted: list[AgentTrajectory] = []
-                if generating and self._generate_round(
-                    generating, turn_params, pool, waiting, stop, interrupted
-                ):
+                if generating and self._generate_round(generating, turn_params, pool, waiting, stop, interrupted):
                     break  # the engine was aborted: the replica is being held
                 report()
                 # an interrupted turn goes on at once (its engine call waits out the pause)
@@ -299,14 +286,13 @@ class ToolAgentLoop:
         return _ToolWait(trajectory, call, answer, now + delay, delay, now + timeout + TOOL_GRACE_S)
 
     def _overran(self, waiting: list[_ToolWait], now: float) -> None:
-        """Answers each call still running past its deadline with the time-out error."""
+        """Answers each call still running past its deadline with the time-out error (its thread
+        goes on alone; the sandbox it runs is killed at its own deadline)."""
+        limit = self.limits.tool_timeout_s
         for wait_ in waiting:
             if not wait_.answer.done() and now >= wait_.deadline:
                 wait_.answer = Future()
-                limit = self.limits.tool_timeout_s
-                wait_.answer.set_result(
-                    ToolResult(f"error: no answer within {limit:g} s", True, limit + TOOL_GRACE_S)
-                )
+                wait_.answer.set_result(ToolResult(f"error: no answer within {limit:g} s", True, limit + TOOL_GRACE_S))
 
     def _answered(
         self,
@@ -338,8 +324,8 @@ class ToolAgentLoop:
             running = [w.answer for w in waiting if not w.answer.done()]
             next_ready = min((w.ready_at for w in waiting if w.answer.done()), default=None)
             next_deadline = min((w.deadline for w in waiting if not w.answer.done()), default=float("inf"))
-            if next_ready is None or next_deadline < next_ready:
-                next_ready = None if next_deadline == float("inf") else next_deadline
+            if next_deadline < float("inf") and (next_ready is None or next_deadline < next_ready):
+                next_ready = next_deadline
             timeout = None if next_ready is None else max(next_ready - now, 0.0)
             if stop is not None or more is not None:
                 timeout = _POLL_SECONDS if timeout is None else min(timeout, _POLL_SECONDS)

@@ -52,20 +52,10 @@ def single_turn(
     states = [AgentState.PENDING, AgentState.GENERATING, AgentState.TERMINATED]
     return [
         AgentTrajectory(
-            rid,
-            list(ids),
-            list(result.response_ids),
-            [],
-            list(result.log_probs),
-            list(result.token_versions),
-            turns=1,
-            stop_reason=result.stop_reason,
-            states=list(states),
-            routes=result.routes,
+            rid, list(ids), list(result.response_ids), [], list(result.log_probs), list(result.token_versions),
+            turns=1, stop_reason=result.stop_reason, states=list(states), routes=result.routes,
         )  # fmt: skip
-        for (rid, ids, _), result in zip(
-            starts, engine.generate(requests, params) if requests else [], strict=True
-        )
+        for (rid, ids, _), result in zip(starts, engine.generate(requests, params) if requests else [], strict=True)
     ]
 
 

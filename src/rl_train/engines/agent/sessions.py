@@ -47,9 +47,7 @@ def normalize_message(message: Any, index: int) -> dict[str, Any]:
             raise SessionError(400, f"{where}.content: parts must be objects with a text")
         content = "".join(p.get("text", "") for p in content)
     if content is not None and not isinstance(content, str):
-        raise SessionError(
-            400, f"{where}.content: a string, a list of text parts or null, got {type(content).__name__}"
-        )
+        raise SessionError(400, f"{where}.content: a string, a list of text parts or null, got {type(content).__name__}")
     out: dict[str, Any] = {"role": role, "content": content or ""}
     if role == "assistant":
         calls = []
@@ -63,9 +61,7 @@ def normalize_message(message: Any, index: int) -> dict[str, Any]:
             try:
                 arguments = json.loads(function.get("arguments") or "{}")
             except (TypeError, json.JSONDecodeError):
-                raise SessionError(
-                    400, f"{where}.tool_calls[{j}].function.arguments: not a JSON string"
-                ) from None
+                raise SessionError(400, f"{where}.tool_calls[{j}].function.arguments: not a JSON string") from None
             calls.append({"id": call.get("id"), "name": function["name"], "arguments": arguments})
         out["tool_calls"] = calls
     if role == "tool":
@@ -104,9 +100,7 @@ class Session:
             raise SessionError(400, "no new message after the session's history")
         for j, message in enumerate(added, start=len(self.transcript)):
             if message["role"] == "assistant":
-                raise SessionError(
-                    409, f"messages[{j}]: an assistant message this session's model did not write"
-                )
+                raise SessionError(409, f"messages[{j}]: an assistant message this session's model did not write")
             if message["role"] == "system" and self.transcript:
                 raise SessionError(409, f"messages[{j}]: a system message after the conversation began")
         return added
@@ -149,9 +143,7 @@ class SessionStore:
         """The session of a ``Bearer`` token: 401 when it is missing or unknown."""
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise SessionError(
-                401, "missing bearer token: each session has its own (the API key it was given)"
-            )
+            raise SessionError(401, "missing bearer token: each session has its own (the API key it was given)")
         with self._lock:
             session = self._by_token.get(token.strip())
         if session is None:

@@ -69,9 +69,7 @@ class PolicyEvaluator:
         results: dict[str, Any] = {}
         for loop in dict.fromkeys(loops):
             starts: list[Start] = [
-                (str(j), self.encode_prompt(prompts[i]["prompt"]), [])
-                for j, i in enumerate(owners)
-                if loops[j] == loop
+                (str(j), self.encode_prompt(prompts[i]["prompt"]), []) for j, i in enumerate(owners) if loops[j] == loop
             ]
             # no stop (an evaluation runs to its end), no early hand-off, no starts queued later
             finished = AGENT_LOOPS.get(loop)(self.engine, starts, params, self.agent, None, None, None)
@@ -79,10 +77,7 @@ class PolicyEvaluator:
         answers = []
         for j, i in enumerate(owners):
             result, row, truth = results[str(j)], prompts[i], str(prompts[i]["ground_truth"])
-            record = {
-                "response_ids": result.response_ids,
-                **(agent_fields(result) if loops[j] != "single_turn" else {}),
-            }
+            record = {"response_ids": result.response_ids, **(agent_fields(result) if loops[j] != "single_turn" else {})}
             text = self.reader.response_text(record)
             reward = float(route_reward_fn(row["data_source"])(text, truth))
             answers.append(ScoredAnswer(i, row["prompt"], text, truth, reward, result.stop_reason))

@@ -41,13 +41,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
     npy = state["numpy"]
     np.random.set_state(
-        (
-            npy["kind"],
-            np.asarray(npy["keys"], dtype=np.uint32),
-            npy["pos"],
-            npy["has_gauss"],
-            npy["cached_gaussian"],
-        )
+        (npy["kind"], np.asarray(npy["keys"], dtype=np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
     )
 
 
@@ -78,18 +72,14 @@ class CheckpointSnapshot:
         writes: list[Callable[[], PartEntry | list[PartEntry]]] = [
             partial(store.write_state, step, f"{prefix}/engine", self.state),
             partial(store.write_state, step, f"{prefix}/rng", self.rng),
-            partial(
-                store.write_json, step, f"{prefix}/worker.json", {"nonfinite_in_row": self.nonfinite_in_row}
-            ),
+            partial(store.write_json, step, f"{prefix}/worker.json", {"nonfinite_in_row": self.nonfinite_in_row}),
         ]
         if self.policy_dir is not None:
             writes += upload_writes(store, step, "policy", self.policy_dir)
         return store.write_concurrently(writes)
 
 
-def upload_writes(
-    store: CheckpointStore, step: int, prefix: str, local: Path
-) -> list[Callable[[], PartEntry]]:
+def upload_writes(store: CheckpointStore, step: int, prefix: str, local: Path) -> list[Callable[[], PartEntry]]:
     """The writes that put every file under the local directory ``local`` under ``prefix`` in
     checkpoint ``step`` (for ``CheckpointStore.write_concurrently``)."""
     return [

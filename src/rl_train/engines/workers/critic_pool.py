@@ -38,10 +38,7 @@ class CriticPool(RankedPool):
         }
         groups = {CHECKPOINT_GROUP: 1}
         return cls(
-            [
-                launcher.start(actor_cls, f"critic-{rank}", {"rank": rank, **arguments}, groups)
-                for rank in range(world)
-            ]
+            [launcher.start(actor_cls, f"critic-{rank}", {"rank": rank, **arguments}, groups) for rank in range(world)]
         )
 
     @classmethod
@@ -51,12 +48,7 @@ class CriticPool(RankedPool):
     def compute_values(self, keys: list[str]) -> None:
         """Critic values (V_old) of ``keys``, spread over the ranks, written on the records."""
         shards = split_keys(keys, len(self.ranks))
-        ray.get(
-            [
-                rank.compute_values.remote("train", shard)
-                for rank, shard in zip(self.ranks, shards, strict=True)
-            ]
-        )
+        ray.get([rank.compute_values.remote("train", shard) for rank, shard in zip(self.ranks, shards, strict=True)])
 
     def update(self, keys: list[str], num_mini_batches: int) -> dict[str, float]:
         """Critic update on every rank (the same number of steps each); the mean over ranks."""

@@ -151,15 +151,11 @@ class CriticWorker:
     def snapshot_checkpoint(self, with_policy: bool = False) -> None:
         self._checkpoint = CheckpointSnapshot(clone_state(self.engine.state_dict()), clone_state(rng_state()))
 
-    def write_checkpoint(
-        self, root: str, step: int, storage_options: dict[str, Any] | None
-    ) -> list[PartEntry]:
+    def write_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None) -> list[PartEntry]:
         snapshot, self._checkpoint = self._checkpoint, None
         if snapshot is None:
             raise RuntimeError(f"critic rank {self.rank}: write_checkpoint({step}) without a snapshot")
-        return snapshot.write(
-            CheckpointStore(root, storage_options=storage_options), step, f"critic/rank-{self.rank}"
-        )
+        return snapshot.write(CheckpointStore(root, storage_options=storage_options), step, f"critic/rank-{self.rank}")
 
     def load_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None) -> None:
         store = CheckpointStore(root, storage_options=storage_options)

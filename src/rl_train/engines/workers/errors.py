@@ -17,9 +17,7 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def find_cause(
-    exc: BaseException, types: type[BaseException] | tuple[type[BaseException], ...]
-) -> BaseException | None:
+def find_cause(exc: BaseException, types: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
     """``exc`` or the first error in its chain of causes that is one of ``types``, also when it
     was raised inside an actor's task (a ``RayTaskError`` carries the remote exception)."""
     seen: set[int] = set()

@@ -84,9 +84,7 @@ class GenerationLoop:
         with self._cond:
             self._queue.extend((job, key) for key in keys)
             while len(self._threads) < self._batches_in_flight:
-                thread = threading.Thread(
-                    target=self._loop, name=f"generation-loop-{len(self._threads)}", daemon=True
-                )
+                thread = threading.Thread(target=self._loop, name=f"generation-loop-{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
             self._cond.notify_all()
@@ -136,9 +134,7 @@ class GenerationLoop:
                 self._cond.wait()
             if self.stopping.is_set():
                 return [
-                    GenerationResult(
-                        r.request_id, list(r.prompt_ids), list(r.response_prefix), [], [], "aborted"
-                    )
+                    GenerationResult(r.request_id, list(r.prompt_ids), list(r.response_prefix), [], [], "aborted")
                     for r in requests
                 ]
             self._in_engine += 1

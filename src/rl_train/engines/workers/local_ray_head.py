@@ -63,10 +63,7 @@ def _lean_node_class() -> type | None:
 
 
 def start_local_head(
-    num_cpus: int,
-    temp_dir: str | None = None,
-    log_monitor: bool = True,
-    startup_concurrency: int | None = None,
+    num_cpus: int, temp_dir: str | None = None, log_monitor: bool = True, startup_concurrency: int | None = None
 ) -> Any | None:
     """Start a local head node of ``num_cpus`` CPUs; returns it (its ``address`` is what
     ``ray.init`` joins), or None where this Ray has no such private API.

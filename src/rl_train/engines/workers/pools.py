@@ -156,9 +156,7 @@ class WorkerPools:
                 f"run {run_id!r}: its actors are gone from Ray namespace {ns!r} ({exc}); the run's "
                 "driver has exited or been killed, so this task cannot rejoin it"
             ) from None
-        pools.weight_sync.timeout_seconds = float(
-            config["rollout"]["weight_sync"].get("timeout_seconds", 120.0)
-        )
+        pools.weight_sync.timeout_seconds = float(config["rollout"]["weight_sync"].get("timeout_seconds", 120.0))
         pools.weight_sync.handover = queue.weight_sync_handover()
         return pools, config
 

@@ -18,10 +18,7 @@ class QueueClient:
         self.actor = actor
 
     def put(
-        self,
-        partition: str,
-        records: dict[str, dict[str, Any]],
-        tags: dict[str, dict[str, Any]] | None = None,
+        self, partition: str, records: dict[str, dict[str, Any]], tags: dict[str, dict[str, Any]] | None = None
     ) -> int:
         return int(ray.get(self.actor.put.remote(partition, records, tags)))
 

@@ -83,9 +83,7 @@ class QueueWorker(TransferQueue):
         return self._handover
 
     # -- checkpoint (R-9.1 - R-9.3) ---------------------------------------------------------
-    def save_checkpoint(
-        self, root: str, step: int, storage_options: dict[str, Any] | None
-    ) -> list[PartEntry]:
+    def save_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None) -> list[PartEntry]:
         """The train partition (every record's fields and tags, prompts in flight included) as
         one Parquet table, and the advantage phase's state. Taken in one actor call, so no
         rollout write lands half-way through it."""
@@ -108,9 +106,7 @@ class QueueWorker(TransferQueue):
         from rl_train.storage.tq_table import requeue_in_flight, table_to_records
 
         store = CheckpointStore(root, storage_options=storage_options)
-        rows, requeued = requeue_in_flight(
-            table_to_records(store.read_table(step, "queue/records.parquet")), version
-        )
+        rows, requeued = requeue_in_flight(table_to_records(store.read_table(step, "queue/records.parquet")), version)
         self.import_records(rows)
         state = store.read_json(step, "queue/algorithm.json")
         with self._restore_lock:  # a resume need not wait for the phase's torch import

@@ -51,9 +51,7 @@ class RankedPool:
         """Each rank writes its snapshot as parts of checkpoint ``step``, in its checkpoint thread."""
         return [
             RayPending(
-                rank.write_checkpoint.options(concurrency_group=CHECKPOINT_GROUP).remote(
-                    root, step, storage_options
-                )
+                rank.write_checkpoint.options(concurrency_group=CHECKPOINT_GROUP).remote(root, step, storage_options)
             )
             for rank in self.ranks
         ]

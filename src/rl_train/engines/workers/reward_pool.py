@@ -43,9 +43,7 @@ class RewardPool:
     workers: list[RewardClient]
 
     @classmethod
-    def launch(
-        cls, launcher: ActorLauncher, actor_cls: type, config: Config, queue: NamedActor
-    ) -> RewardPool:
+    def launch(cls, launcher: ActorLauncher, actor_cls: type, config: Config, queue: NamedActor) -> RewardPool:
         arguments = {"model_path": str(config.model.path), "tq": queue}
         return cls(
             [
@@ -58,16 +56,12 @@ class RewardPool:
 
     @classmethod
     def rejoin(cls, namespace: str, num_workers: int) -> RewardPool:
-        return cls(
-            [RewardClient(ray.get_actor(f"reward-{i}", namespace=namespace)) for i in range(num_workers)]
-        )
+        return cls([RewardClient(ray.get_actor(f"reward-{i}", namespace=namespace)) for i in range(num_workers)])
 
     def score(self, partition: str, keys: list[str]) -> list[float]:
         """Rewards of ``keys`` spread over the workers (written onto the records), shard by shard."""
         shards = split_keys(keys, len(self.workers))
-        parts = wait_all(
-            [w.start_score(partition, s) for w, s in zip(self.workers, shards, strict=True) if s]
-        )
+        parts = wait_all([w.start_score(partition, s) for w, s in zip(self.workers, shards, strict=True) if s])
         return [score for part in parts for score in part]
 
     def kill(self) -> None:

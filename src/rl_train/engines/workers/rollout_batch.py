@@ -117,11 +117,7 @@ class RolloutBatch:
 
     def failed_keys(self, prompt_keys: list[str]) -> list[str]:
         """The prompts to tag ``failure`` when the batch fails: all but those already written."""
-        return [
-            k
-            for k in dict.fromkeys([*prompt_keys, *self.taken])
-            if not (k in self.groups and self.groups[k].written)
-        ]
+        return [k for k in dict.fromkeys([*prompt_keys, *self.taken]) if not (k in self.groups and self.groups[k].written)]
 
     def unwritten_results(self) -> list[AgentTrajectory]:
         return [r for r in self.results if not self.groups[group_of(r.request_id)].written]

@@ -52,12 +52,7 @@ class RolloutPool:
 
     @classmethod
     def launch(
-        cls,
-        launcher: ActorLauncher,
-        actor_cls: type,
-        config: Config,
-        queue: NamedActor,
-        places: list[dict[str, Any]],
+        cls, launcher: ActorLauncher, actor_cls: type, config: Config, queue: NamedActor, places: list[dict[str, Any]]
     ) -> RolloutPool:
         """Ask Ray for ``rollout.num_replicas`` replicas (``places``: each one's placement options)."""
         rollout = config.rollout
@@ -90,9 +85,7 @@ class RolloutPool:
 
     @classmethod
     def rejoin(cls, namespace: str, num_replicas: int) -> RolloutPool:
-        return cls(
-            [RolloutClient(ray.get_actor(f"rollout-{i}", namespace=namespace)) for i in range(num_replicas)]
-        )
+        return cls([RolloutClient(ray.get_actor(f"rollout-{i}", namespace=namespace)) for i in range(num_replicas)])
 
     @property
     def actors(self) -> list[Actor]:
@@ -105,11 +98,7 @@ class RolloutPool:
     def generate(self, partition: str, keys: list[str], n: int, params: dict[str, Any]) -> list[str]:
         """Blocking generation of ``keys`` spread over the replicas; returns the trajectory keys."""
         shards = split_keys(keys, len(self.replicas))
-        pending = [
-            r.start_generating(partition, s, n, params)
-            for r, s in zip(self.replicas, shards, strict=True)
-            if s
-        ]
+        pending = [r.start_generating(partition, s, n, params) for r, s in zip(self.replicas, shards, strict=True) if s]
         return [key for part in wait_all(pending) for key in part]
 
     def sleep(self) -> None:
@@ -173,9 +162,7 @@ class RolloutPool:
         for i, actor in enumerate(self.actors):
             while True:
                 try:
-                    current.append(
-                        ray.get(actor.incarnation.remote(), timeout=max(deadline - time.monotonic(), 1.0))
-                    )
+                    current.append(ray.get(actor.incarnation.remote(), timeout=max(deadline - time.monotonic(), 1.0)))
                     break
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:  # restarting
                     if time.monotonic() > deadline:

@@ -131,9 +131,7 @@ class RolloutWorker:
     ) -> list[str]:
         """The generation loop's batch: groups finish when their tool calls return (no waiting
         here); a multi-turn batch takes in more queued groups as it runs (``more``)."""
-        _, unfinished, tool_deadlines = self._generate(
-            partition, prompt_keys, n, params, self.background, more
-        )
+        _, unfinished, tool_deadlines = self._generate(partition, prompt_keys, n, params, self.background, more)
         for key, deadline in tool_deadlines.items():
             self.tool_calls.call_at(deadline, partial(self._finish_groups, partition, [key]))
         return unfinished
@@ -257,10 +255,7 @@ class RolloutWorker:
             key = group_of(result.request_id)
             group = batch.groups[key]
             fresh = group.loop != SINGLE_TURN
-            old = (None if fresh else batch.earlier.get(result.request_id)) or {
-                "rollout_log_probs": [],
-                "token_versions": [],
-            }
+            old = (None if fresh else batch.earlier.get(result.request_id)) or {"rollout_log_probs": [], "token_versions": []}
             versions = list(old["token_versions"]) + result.token_versions
             records[result.request_id] = {
                 "prompt_ids": result.prompt_ids,
@@ -268,9 +263,7 @@ class RolloutWorker:
                 "rollout_log_probs": list(old["rollout_log_probs"]) + result.log_probs,
                 "token_versions": versions,
                 "stop_reason": result.stop_reason,
-                **(
-                    {"routes": result.routes} if result.routes is not None else {}
-                ),  # R3: the experts rollout used
+                **({"routes": result.routes} if result.routes is not None else {}),  # R3: the experts rollout used
                 **(agent_fields(result) if fresh else {}),
                 "group_id": key,
                 "data_source": group.prompt["data_source"],
@@ -280,9 +273,7 @@ class RolloutWorker:
             if with_tools and result.stop_reason != "aborted":
                 assert self.tool_latency is not None
                 latency = self.tool_latency(result.request_id)
-                records[result.request_id].update(
-                    tool_latency_seconds=latency, tool_done_at=time.time() + latency
-                )
+                records[result.request_id].update(tool_latency_seconds=latency, tool_done_at=time.time() + latency)
             tags[result.request_id] = {
                 "kind": "trajectory",
                 "status": result.stop_reason,
@@ -352,12 +343,8 @@ class RolloutWorker:
         state = {"sampling": self.engine.sampling_state(), "process": rng_state()}
         return store.write_state(step, f"rollout/replica-{index}/rng", state)
 
-    def load_checkpoint(
-        self, root: str, step: int, storage_options: dict[str, Any] | None, index: int
-    ) -> None:
-        state = CheckpointStore(root, storage_options=storage_options).read_state(
-            step, f"rollout/replica-{index}/rng"
-        )
+    def load_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None, index: int) -> None:
+        state = CheckpointStore(root, storage_options=storage_options).read_state(step, f"rollout/replica-{index}/rng")
         self.engine.load_sampling_state(state["sampling"])
         set_rng_state(state["process"])
 

@@ -36,12 +36,7 @@ class TrainerPool(RankedPool):
 
     @classmethod
     def launch(
-        cls,
-        launcher: ActorLauncher,
-        actor_cls: type,
-        config: Config,
-        queue: Actor,
-        places: list[dict[str, Any]],
+        cls, launcher: ActorLauncher, actor_cls: type, config: Config, queue: Actor, places: list[dict[str, Any]]
     ) -> TrainerPool:
         """Ask Ray for ``actor.num_ranks`` ranks (``places``: each rank's placement options)."""
         world = config.actor.num_ranks
@@ -109,10 +104,7 @@ class TrainerPool(RankedPool):
     def update(self, shards: list[list[str]], num_mini_batches: int) -> dict[str, float]:
         """Actor update on every rank (the same number of steps each); the mean over ranks."""
         per_rank = ray.get(
-            [
-                rank.update.remote("train", shard, num_mini_batches)
-                for rank, shard in self._by_data_rank(shards)
-            ]
+            [rank.update.remote("train", shard, num_mini_batches) for rank, shard in self._by_data_rank(shards)]
         )
         return mean_over_ranks(per_rank)
 

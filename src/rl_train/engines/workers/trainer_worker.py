@@ -51,14 +51,7 @@ def _import_engine_side() -> None:
     for the class, to create the actor; with these at the top it would import torch (about
     3 s of CPU at every start, on the cores the run's other processes start on) for a
     process that never touches a tensor. ``tests/unit/test_driver_imports.py`` holds it."""
-    global \
-        torch, \
-        build_actor_loss_fn, \
-        build_training_engine, \
-        run_sender, \
-        CheckpointSnapshot, \
-        clone_state, \
-        rng_state
+    global torch, build_actor_loss_fn, build_training_engine, run_sender, CheckpointSnapshot, clone_state, rng_state
     global set_rng_state, join_world, collate, scatter_response, build_router_replay
     import torch
 
@@ -177,31 +170,17 @@ class TrainerWorker:
         if self.world_size > 1:
             assert dist_address is not None, "a rank of several needs the pool's rendezvous address"
             # tensors on CUDA meet over NCCL (megatron takes CUDA whenever it is there), host ones over gloo
-            on_gpu = self.cfg.device == "cuda" or (
-                self.cfg.engine == "megatron" and torch.cuda.is_available()
-            )
+            on_gpu = self.cfg.device == "cuda" or (self.cfg.engine == "megatron" and torch.cuda.is_available())
             join_world(dist_address, self.rank, self.world_size, "nccl" if on_gpu else "gloo")
         model_path, horizon_steps, temperature, seed, with_reference = self._engine_args
         check_device(self.cfg.device, "actor.device")
         self._engine = build_training_engine(
-            self.cfg.engine,
-            model_path,
-            self.cfg,
-            horizon_steps,
-            temperature,
-            seed,
-            model_impl=self.model_impl,
+            self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
         )
         self._router_replay = build_router_replay(self.cfg.router_replay, self._engine, self.cfg.engine)
         self.reference = (
             build_training_engine(
-                self.cfg.engine,
-                model_path,
-                self.cfg,
-                horizon_steps,
-                temperature,
-                seed,
-                model_impl=self.model_impl,
+                self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
             )
             if with_reference
             else None
@@ -223,9 +202,7 @@ class TrainerWorker:
         assert engine is not None, "this rank was built without a reference model"
         if out_field == "old_log_probs":  # pi_old's pass: its routing is the router-replay strategy's
             records = self._records(partition, keys, self.router_replay.old_log_prob_fields())
-            log_probs, extra = self.router_replay.old_log_probs(
-                engine, collate(records, self.pad_token_id), records
-            )
+            log_probs, extra = self.router_replay.old_log_probs(engine, collate(records, self.pad_token_id), records)
         else:
             records = self._records(partition, keys, [])
             log_probs = engine.compute_log_probs(collate(records, self.pad_token_id))["log_probs"]
@@ -367,17 +344,13 @@ class TrainerWorker:
             policy_dir=policy_dir,
         )
 
-    def write_checkpoint(
-        self, root: str, step: int, storage_options: dict[str, Any] | None
-    ) -> list[PartEntry]:
+    def write_checkpoint(self, root: str, step: int, storage_options: dict[str, Any] | None) -> list[PartEntry]:
         """Write the last snapshot's parts into checkpoint ``step``; returns their entries."""
         snapshot = self._checkpoint
         if snapshot is None:
             raise RuntimeError(f"trainer rank {self.rank}: write_checkpoint({step}) without a snapshot")
         try:
-            return snapshot.write(
-                CheckpointStore(root, storage_options=storage_options), step, f"actor/rank-{self.rank}"
-            )
+            return snapshot.write(CheckpointStore(root, storage_options=storage_options), step, f"actor/rank-{self.rank}")
         finally:
             self._drop_checkpoint_snapshot()
 
@@ -407,3 +380,4 @@ class TrainerWorker:
 
     def ping(self) -> int:
         return self.rank
+
