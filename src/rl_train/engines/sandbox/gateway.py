@@ -57,8 +57,10 @@ class GatewayRelay:
         self._ready.set()
         async with server:
             await self._stop.wait()
-        for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        relays = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in relays:
             task.cancel()
+        await asyncio.gather(*relays, return_exceptions=True)
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
