@@ -128,5 +128,7 @@ def test_allow_unsandboxed_runs_with_a_warning_each_time(no_bwrap: None, caplog:
         second = run_python("while True:\n    pass", Limits(wall_s=1.0), allow_unsandboxed=True)
     assert (first.stdout.strip(), first.exit_code) == ("45", 0), first
     assert second.timed_out, second
+    folders = run_python("import os\nprint(os.getcwd())", Limits(wall_s=10.0), allow_unsandboxed=True)
+    assert "rlt-unsandboxed-" in folders.stdout and not Path(folders.stdout.strip()).exists()  # removed
     warnings = [r for r in caplog.records if "WITHOUT a sandbox" in r.getMessage()]
-    assert len(warnings) == 2
+    assert len(warnings) == 3  # one per run
