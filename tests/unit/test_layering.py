@@ -56,6 +56,10 @@ config.py imports ``MODES`` at run time, so modes.py sits below it."""
 GPU_ONLY = ("sglang", "megatron", "mooncake", "vllm")
 CORE = {"rl_train.algorithms", "rl_train.registry"}
 """Pure code: the algorithms import nothing of rl_train but themselves and the registry."""
+SANDBOX_ALLOWED = ("rl_train.engines.sandbox", "rl_train.algorithms.config")
+"""The sandbox (``engines/sandbox``) is a leaf among the engines: it imports nothing of rl_train
+but itself and the config base, and its shim (run by path inside the sandbox, under ``-I``)
+imports nothing of rl_train at all."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,17 @@ def test_algorithms_are_pure() -> None:
         if imp.module.split(".")[0] == "rl_train" and ".".join(imp.module.split(".")[:2]) not in CORE
     ]
     assert not problems, "\n".join(problems)
+
+
+def test_the_sandbox_is_a_leaf_and_its_shim_stands_alone() -> None:
+    sandbox = PACKAGE / "engines" / "sandbox"
+    problems = [
+        f"{imp.path.relative_to(REPO)}:{imp.line} imports {imp.module}"
+        for path in sandbox.rglob("*.py")
+        for imp in _imports(path)
+        if imp.module.split(".")[0] == "rl_train" and (path.name == "shim.py" or not imp.module.startswith(SANDBOX_ALLOWED))
+    ]
+    assert sandbox.is_dir() and not problems, "\n".join(problems)
 
 
 def test_gpu_only_packages_are_imported_lazily() -> None:

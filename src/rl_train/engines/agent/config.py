@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from rl_train.algorithms.config import StrictModel
 from rl_train.engines.agent.registry import AGENT_LOOPS
+from rl_train.engines.sandbox import SandboxConfig
 
 
 def check_agent_loop(name: str) -> str:
@@ -50,6 +51,19 @@ class AgentConfig(StrictModel):
     """gateway_agent: a session's prompt (the task's ids, then whatever the agent's first request adds after the task's text) is at most this many tokens; a longer one is refused (400) before it reaches the engine."""
     gateway_max_total_tokens: int | None = Field(None, ge=2)
     """gateway_agent: a session's prompt and response together are at most this many tokens, the response cut short to fit (keep it within the model's context); None: gateway_max_prompt_tokens + max_response_tokens."""
+
+    _sandbox: SandboxConfig = PrivateAttr(default_factory=SandboxConfig)
+
+    @property
+    def sandbox(self) -> SandboxConfig:
+        """The run's top-level ``sandbox`` section, handed to the loops with this one
+        (``with_sandbox``): how the python tool runs its code."""
+        return self._sandbox
+
+    def with_sandbox(self, sandbox: SandboxConfig | dict[str, Any] | None) -> AgentConfig:
+        """This config, carrying the run's ``sandbox`` section (a dump of it, or None: defaults)."""
+        self._sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig.model_validate(sandbox or {})
+        return self
 
     @field_validator("default")
     @classmethod
