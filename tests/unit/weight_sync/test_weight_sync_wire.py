@@ -241,4 +241,4 @@ def test_delta_items_off_the_encoding_are_refused(items: list, reason: str) -> N
 def test_header_layout_is_fixed() -> None:
     # magic (4) | version (1) | reserved (3) | metadata length (u32) | payload length (u64), big-endian
     assert frame.HEADER.size == 20
-    assert frame.encode_header(3, 258) == b"RLWS\x01\x00\x00\x00" + struct.pack("!I", 3) + struct.pack("!Q", 258)
+    assert frame.encode_header(3, 258) == b"RLWS\x02\x00\x00\x00" + struct.pack("!I", 3) + struct.pack("!Q", 258)

@@ -118,7 +118,7 @@ def receiver_handshake(channel: Channel, secret: bytes, nonce_r: bytes, hello: d
     (a peer that does not know the secret gets nothing, not even ours) and answer."""
     from rl_train.engines.weight_sync.wire import expect
 
-    waiting = f"waiting for the challenge of the sender at {where}"
+    waiting = f"waiting for the sender's welcome (its challenge, from {where})"
     message = channel.recv_message(deadline, waiting, HELLO_MAX_META_BYTES)
     nonce_text, proof = expect(message, "challenge", waiting)
     transcript = _transcript(nonce_r, parse_nonce(nonce_text, "the challenge's nonce"), hello)
@@ -150,7 +150,9 @@ class BucketMac:
     same bytes (a resend), which is what keeps a one-time MAC secure.
     """
 
-    TAG_HEX = 32
+    checks = True
+    """The receiver checks tags (and so copies shared buffers out first); only a bench's
+    no-MAC baseline says otherwise."""
 
     def __init__(self, key: bytes) -> None:
         self._key = key

@@ -105,11 +105,10 @@ class StreamReceiver:
         return header
 
     def _attach(self, deadline: Deadline) -> None:
-        waiting = "waiting for the sender's challenge (the sender has not started its first sync)"
+        waiting = "waiting for the sender's welcome (the sender has not started its first sync)"
         self._handshake.join(deadline.remaining(waiting))
         if self._handshake.is_alive():
-            deadline.remaining(waiting)
-            raise TransportError(f"timed out {waiting}")
+            raise TransportError(f"timed out after {deadline.timeout_seconds:.1f} s {waiting}")
         if self._handshake_error is not None:
             raise self._handshake_error
         (welcome,) = self.recv("welcome", deadline, "waiting for the sender's welcome")
@@ -174,7 +173,7 @@ class StreamReceiver:
         """The bucket's bytes once they match their tag; a damaged bucket is asked for again."""
         (index, nbytes, _, records, tag), data = received
         assert self._mac is not None, "the welcome comes before the first bucket"
-        if getattr(self._transport, "shared_buffers", False):
+        if self._mac.checks and getattr(self._transport, "shared_buffers", False):
             if self._private is None:
                 self._private = torch.empty(self._bucket_size_bytes, dtype=torch.uint8)
             data = self._private[:nbytes].copy_(data)

@@ -60,7 +60,7 @@ def _define_store_class() -> type:
     check (it imports this module to ask ``available()``) must not need."""
     from torch.distributed import Store
 
-    class AuthenticatedStore(Store):  # type: ignore[misc]
+    class AuthenticatedStore(Store):
         """What the process group's rendezvous uses of a store (set, get, wait, check, add)."""
 
         def __init__(self, inner: Any, key: bytes) -> None:
