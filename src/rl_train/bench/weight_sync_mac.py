@@ -52,7 +52,7 @@ class HmacSha256Mac(auth.BucketMac):
         mac = hmac.new(self._one_time_key(header, records), digestmod="sha256")
         for piece in pieces:
             if piece.numel():
-                mac.update(piece.numpy().data)
+                mac.update(auth.host_bytes(piece))
         return mac.hexdigest()
 
     def check(self, header: Sequence[int], records: list[Any], data: torch.Tensor, tag: str) -> None:

@@ -139,6 +139,12 @@ def _hex_bytes(text: str) -> bytes:
         return b""
 
 
+def host_bytes(data: torch.Tensor) -> memoryview:
+    """The bytes of a uint8 tensor as a buffer on the host (a device bucket is copied down:
+    on a GPU the tag costs a device-to-host copy of every bucket, at each end)."""
+    return (data if data.device.type == "cpu" else data.cpu()).numpy().data
+
+
 class BucketMac:
     """The tag of one bucket: Poly1305 under a one-time key derived by HMAC-SHA256.
 
@@ -168,7 +174,7 @@ class BucketMac:
         mac = Poly1305(self._one_time_key(header, records))
         for piece in pieces:
             if piece.numel():
-                mac.update(piece.numpy().data)
+                mac.update(host_bytes(piece))
         return mac.finalize().hex()
 
     def check(self, header: Sequence[int], records: list[Any], data: torch.Tensor, tag: str) -> None:
@@ -177,7 +183,7 @@ class BucketMac:
 
         version, stream, bucket, index, _ = header
         try:
-            Poly1305.verify_tag(self._one_time_key(header, records), data.numpy().data, _hex_bytes(tag))
+            Poly1305.verify_tag(self._one_time_key(header, records), host_bytes(data), _hex_bytes(tag))
         except InvalidSignature:
             raise IntegrityError(
                 f"bucket {bucket} of stream {stream} (version {version}, buffer {index}) failed its MAC "

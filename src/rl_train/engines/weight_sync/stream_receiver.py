@@ -180,7 +180,7 @@ class StreamReceiver:
         header = (self._version, self._stream, number, index, nbytes)
         for attempt in range(stream.MAX_RESENDS + 1):
             try:
-                self._mac.check(header, records, data if data.device.type == "cpu" else data.cpu(), tag)
+                self._mac.check(header, records, data, tag)
                 return data
             except IntegrityError as exc:
                 self.num_rejected += 1
