@@ -59,6 +59,12 @@ class HmacSha256Mac(auth.BucketMac):
         if not hmac.compare_digest(self.tag(header, records, [data]), tag):
             raise IntegrityError("bucket failed its HMAC-SHA256 check")
 
+    def check_into(
+        self, header: Sequence[int], records: list[Any], source: torch.Tensor, target: torch.Tensor, tag: str
+    ) -> None:
+        target.copy_(source)
+        self.check(header, records, target, tag)
+
 
 MACS: dict[str, type[auth.BucketMac]] = {"none": NoMac, "hmac-sha256": HmacSha256Mac, "poly1305": auth.BucketMac}
 

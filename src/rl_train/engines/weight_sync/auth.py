@@ -181,11 +181,37 @@ class BucketMac:
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.poly1305 import Poly1305
 
-        version, stream, bucket, index, _ = header
         try:
             Poly1305.verify_tag(self._one_time_key(header, records), host_bytes(data), _hex_bytes(tag))
         except InvalidSignature:
-            raise IntegrityError(
-                f"bucket {bucket} of stream {stream} (version {version}, buffer {index}) failed its MAC "
-                "check: its bytes were changed after the sender tagged them"
-            ) from None
+            raise _damaged(header) from None
+
+    def check_into(
+        self, header: Sequence[int], records: list[Any], source: torch.Tensor, target: torch.Tensor, tag: str
+    ) -> None:
+        """Copy ``source`` (a buffer others can write) into ``target`` (this process's) and check
+        the copy: piece by piece, each piece fed to the MAC while it is still in the cache."""
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.poly1305 import Poly1305
+
+        mac = Poly1305(self._one_time_key(header, records))
+        for start in range(0, source.numel(), COPY_PIECE_BYTES):
+            piece = target[start : start + COPY_PIECE_BYTES]
+            piece.copy_(source[start : start + COPY_PIECE_BYTES])
+            mac.update(host_bytes(piece))
+        try:
+            mac.verify(_hex_bytes(tag))
+        except InvalidSignature:
+            raise _damaged(header) from None
+
+
+COPY_PIECE_BYTES = 1 << 20
+"""Pieces of a bucket copied and fed to the MAC in turn: small enough to stay in the cache."""
+
+
+def _damaged(header: Sequence[int]) -> IntegrityError:
+    version, stream, bucket, index, _ = header
+    return IntegrityError(
+        f"bucket {bucket} of stream {stream} (version {version}, buffer {index}) failed its MAC "
+        "check: its bytes were changed after the sender tagged them"
+    )

@@ -173,13 +173,14 @@ class StreamReceiver:
         """The bucket's bytes once they match their tag; a damaged bucket is asked for again."""
         (index, nbytes, _, records, tag), data = received
         assert self._mac is not None, "the welcome comes before the first bucket"
-        if self._mac.checks and getattr(self._transport, "shared_buffers", False):
-            if self._private is None:
-                self._private = torch.empty(self._bucket_size_bytes, dtype=torch.uint8)
-            data = self._private[:nbytes].copy_(data)
+        copy_out = self._mac.checks and getattr(self._transport, "shared_buffers", False)
         header = (self._version, self._stream, number, index, nbytes)
         for attempt in range(stream.MAX_RESENDS + 1):
             try:
+                if copy_out and attempt == 0:  # a resend already lies in this process's memory
+                    target = self._private_buffer()[:nbytes]
+                    self._mac.check_into(header, records, data, target, tag)
+                    return target
                 self._mac.check(header, records, data, tag)
                 return data
             except IntegrityError as exc:
@@ -192,6 +193,11 @@ class StreamReceiver:
             self.send(("nack", index), deadline, f"asking for bucket {number} again")
             data = self._resent(index, number, deadline)
         raise AssertionError("unreachable")
+
+    def _private_buffer(self) -> torch.Tensor:
+        if self._private is None:
+            self._private = torch.empty(self._bucket_size_bytes, dtype=torch.uint8)
+        return self._private
 
     def _give_up(self, reason: str, deadline: Deadline) -> None:
         """Tell the sender in place of an ack, then skip the rest of the stream (acking what
@@ -206,9 +212,7 @@ class StreamReceiver:
         way when the sender heard the nack, is read (and its bytes pulled) and kept for later."""
         waiting = f"waiting for the sender to resend bucket {number}"
         while True:
-            if self._private is None:
-                self._private = torch.empty(self._bucket_size_bytes, dtype=torch.uint8)
-            message, tensors = self._channel.recv(deadline, waiting, self._bucket_size_bytes, into=self._private)
+            message, tensors = self._channel.recv(deadline, waiting, self._bucket_size_bytes, into=self._private_buffer())
             if message[0] == "resend":
                 if message[1] != index or len(tensors) != 1 or tensors[0].dtype != torch.uint8:
                     raise WireFormatError(f"expected the bytes of bucket buffer {index} again, got {message!r:.200}")
