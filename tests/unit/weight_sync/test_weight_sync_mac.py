@@ -315,3 +315,14 @@ def test_a_write_into_the_shm_segment_is_detected_and_cannot_be_repaired(monkeyp
     assert isinstance(result["error"], IntegrityError), result
     assert "bucket 0 of stream 0" in str(result["error"])
     assert result["weights"] == {}
+
+
+def test_a_receiver_closed_before_its_first_sync_leaves_no_handshake_waiting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pair = InProcessPair(config("tcp"))
+    stream_receiver = pair.receiver._stream  # type: ignore[attr-defined]
+    with caplog.at_level(logging.WARNING):
+        pair.close()
+    assert not stream_receiver._handshake.is_alive()
+    assert "dropped the connection" not in caplog.text

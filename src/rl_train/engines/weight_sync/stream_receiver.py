@@ -55,6 +55,7 @@ class StreamReceiver:
         nonce, hello = secrets.token_bytes(auth.NONCE_BYTES), self._transport.hello()
         self._channel.send(("hello", nonce.hex(), hello), deadline, "saying hello to the sender")
         self._handshake_error: BaseException | None = None
+        self._closing = False
         self._handshake = threading.Thread(
             target=self._answer, args=(nonce, hello), name="weight-sync-handshake", daemon=True
         )
@@ -78,7 +79,8 @@ class StreamReceiver:
         try:
             auth.receiver_handshake(self._channel, self._secret, nonce, hello, self._where, Deadline(7 * 86400.0))
         except BaseException as exc:  # handed to begin(), which raises it
-            logger.warning("weight sync: dropped the connection to %s: %s", self._where, exc)
+            if not self._closing:
+                logger.warning("weight sync: dropped the connection to %s: %s", self._where, exc)
             self._handshake_error = exc
             with contextlib.suppress(OSError):  # the peer hears the end at once, learns nothing
                 self._channel.sock.shutdown(socket.SHUT_RDWR)
@@ -252,6 +254,10 @@ class StreamReceiver:
             self._channel.send(("abort", reason), Deadline(2.0), "reporting an abort")
 
     def close(self) -> None:
+        self._closing = True
+        with contextlib.suppress(OSError):  # wakes a handshake thread still waiting for the sender
+            self._channel.sock.shutdown(socket.SHUT_RDWR)
+        self._handshake.join(5.0)
         self._channel.close()
         self._transport.close()
 
