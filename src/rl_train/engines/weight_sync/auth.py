@@ -112,8 +112,9 @@ def sender_handshake(channel: Channel, secret: bytes, deadline: Deadline) -> dic
     return dict(hello)
 
 
-def receiver_handshake(channel: Channel, secret: bytes, nonce_r: bytes, hello: dict[str, Any], where: str,
-                       deadline: Deadline) -> None:
+def receiver_handshake(
+    channel: Channel, secret: bytes, nonce_r: bytes, hello: dict[str, Any], where: str, deadline: Deadline
+) -> None:
     """The receiver's half, after it sent ``hello(nonce_r, hello)``: check the sender's proof
     (a peer that does not know the secret gets nothing, not even ours) and answer."""
     from rl_train.engines.weight_sync.wire import expect

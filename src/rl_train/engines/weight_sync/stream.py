@@ -103,9 +103,10 @@ class StreamSender:
                 continue
             self._conns.append(conn)
         for conn, welcome in zip(self._conns, self._transport.plan(hellos), strict=True):
-            conn.send(("welcome", {"stream_nonce": self._stream_nonce.hex(), "transport": welcome}),
-                      deadline, "sending the welcome")
-        self._transport.attach(self._conns, deadline, auth.derive(self._secret, b"transport", self._stream_nonce))
+            welcome = {"stream_nonce": self._stream_nonce.hex(), "transport": welcome}
+            conn.send(("welcome", welcome), deadline, "sending the welcome")
+        transport_key = auth.derive(self._secret, b"transport", self._stream_nonce)
+        self._transport.attach(self._conns, deadline, transport_key)
 
     def _refuse(self, conn: Channel, reason: TransportError) -> None:
         """Drop a peer that did not prove the secret; it never sees a welcome, let alone a weight."""
