@@ -326,3 +326,33 @@ def test_a_receiver_closed_before_its_first_sync_leaves_no_handshake_waiting(
         pair.close()
     assert not stream_receiver._handshake.is_alive()
     assert "dropped the connection" not in caplog.text
+
+
+class OverwrittenMooncakeSender(mooncake.Sender):
+    """A rogue Mooncake engine writes into the sender's own registered bucket buffer after the
+    bucket was tagged, just before the sender writes it out (Mooncake checks no identity)."""
+
+    def push(self, index: int, nbytes: int, deadline: Deadline) -> None:
+        if nbytes and not getattr(self, "overwritten", False):
+            self.overwritten = True
+            rogue = mooncake.start_engine("127.0.0.1")
+            junk = torch.full((nbytes,), 0x5A, dtype=torch.uint8)
+            assert rogue.register_memory(junk.data_ptr(), nbytes) == 0
+            session = f"127.0.0.1:{self._engine.get_rpc_port()}"
+            assert rogue.transfer_sync_write(session, junk.data_ptr(), self.buffers[index].data_ptr(), nbytes) == 0
+            rogue.unregister_memory(junk.data_ptr())
+        super().push(index, nbytes, deadline)
+
+
+@pytest.mark.parametrize("_", [pytest.param(None, marks=unavailable_marks("mooncake"))])
+def test_a_rogue_write_into_the_mooncake_senders_buffer_is_caught_not_repaired(
+    _: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The damage sits in the sender's only copy of the bucket, so the resends carry it too:
+    the sync fails naming the bucket, and no damaged byte reaches the engine."""
+    monkeypatch.setattr(mooncake, "Sender", OverwrittenMooncakeSender)
+    monkeypatch.setattr(mooncake, "DIRECT_MIN_BYTES", 1 << 40)  # every chunk in the staging buffer
+    result = sync_in_process(config("mooncake"), make_weights(2))
+    assert isinstance(result["error"], IntegrityError), result
+    assert "bucket 0 of stream 0" in str(result["error"]) and "still damaged after 3 resends" in str(result["error"])
+    assert result["weights"] == {}

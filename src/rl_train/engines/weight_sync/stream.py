@@ -182,11 +182,16 @@ class StreamSender:
         return [self._transport.buffers[index][:nbytes]]
 
     def _push(self, bucket: Bucket, deadline: Deadline) -> Bucket:
-        """Tag the bucket's bytes (in this thread, beside the packer) and send it on."""
+        """Tag the bucket's bytes (in this thread, beside the packer) and send it on.
+
+        The tag is taken before the transport moves anything: a write into the sender's own
+        buffers after this point (Mooncake lets any peer write registered memory) then fails
+        the receivers' check instead of travelling under a tag that matches it.
+        """
         _, _, number, index, nbytes = bucket.header
+        bucket.tag = self._mac.tag(bucket.header, bucket.records, self._pieces(index, nbytes))
         if self._transport.data_before_meta:
             self._transport.push(index, nbytes, deadline)
-        bucket.tag = self._mac.tag(bucket.header, bucket.records, self._pieces(index, nbytes))
         self.broadcast(("bucket", index, nbytes, bucket.records, bucket.tag), deadline, f"announcing bucket {number}")
         if not self._transport.data_before_meta:
             self._transport.push(index, nbytes, deadline)
