@@ -1,4 +1,5 @@
-"""The sender serves only the receivers of its own run: a peer without the token is refused.
+"""The sender serves only the receivers of its own run: a peer that cannot prove the run's
+secret is refused, and a receiver drops a "sender" that cannot prove it.
 
 Every refused or broken connection costs the sender that connection only: it logs why,
 answers ``refused`` where it can, and goes on accepting until its real receivers are in.
@@ -51,35 +52,42 @@ def sync_one(peer: Peer, sender: WeightSender, key: str, version: int) -> tuple:
     return reply
 
 
-def test_the_descriptor_carries_a_fresh_random_token(sender) -> None:
+def test_the_descriptor_carries_a_fresh_random_secret(sender) -> None:
     cfg, first = sender
     second = build_weight_sync_backend(cfg).build_sender()
     try:
-        tokens = [first.descriptor()["token"], second.descriptor()["token"]]
-        assert all(isinstance(token, str) and len(token) == 64 for token in tokens)
-        assert tokens[0] != tokens[1]
+        secrets = [first.descriptor()["secret"], second.descriptor()["secret"]]
+        assert all(isinstance(secret, str) and len(secret) == 64 for secret in secrets)
+        assert secrets[0] != secrets[1]
+        assert "token" not in first.descriptor()
     finally:
         second.close()
 
 
-def test_a_receiver_with_the_wrong_token_is_refused_and_the_right_one_still_syncs(
+def test_a_receiver_with_the_wrong_secret_is_refused_and_the_right_one_still_syncs(
     peer: Peer, sender, caplog: pytest.LogCaptureFixture
 ) -> None:
     cfg, built = sender
     descriptor = built.descriptor()
-    impostor = open_receiver(peer, cfg, descriptor | {"token": "0" * 64})  # connects first
-    without = open_receiver(peer, cfg, {k: v for k, v in descriptor.items() if k != "token"})
+    impostor = open_receiver(peer, cfg, descriptor | {"secret": "0" * 64})  # connects first
     genuine = open_receiver(peer, cfg, descriptor)
     with caplog.at_level(logging.WARNING):
         sync_one(peer, built, genuine, 1)
-    assert caplog.text.count("refused a connection") == 2
-    assert "did not present this sender's token" in caplog.text
-    for key in (impostor, without):
-        reply = peer.call("sync", key, 1, None, 5.0)
-        assert reply[:2] == ("error", "PeerRefusedError"), reply
-        assert "the sender refused this receiver" in reply[2]
-        assert "did not present this sender's token" in reply[2]
+    refusals = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(refusals) == 1, refusals
+    assert "waiting for the peer's answer to the challenge" in refusals[0]  # it never answered
+    reply = peer.call("sync", impostor, 1, None, 5.0)
+    assert reply[:2] == ("error", "PeerRefusedError"), reply
+    assert "did not prove the secret of this receiver's descriptor" in reply[2]
     sync_one(peer, built, genuine, 2)  # and it keeps serving
+
+
+def test_a_receiver_without_a_secret_cannot_even_connect(peer: Peer, sender) -> None:
+    cfg, built = sender
+    descriptor = {k: v for k, v in built.descriptor().items() if k != "secret"}
+    reply = peer.call("open", uuid.uuid4().hex, cfg.model_dump(), descriptor, pack_tensors(make_weights(0)), False)
+    assert reply[:2] == ("error", "PeerRefusedError"), reply
+    assert "carries no valid run secret" in reply[2]
 
 
 def test_garbage_and_silent_connections_do_not_stop_the_sender(
@@ -92,7 +100,7 @@ def test_garbage_and_silent_connections_do_not_stop_the_sender(
     strays = [socket.create_connection(address) for _ in range(4)]
     strays[0].sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # a web client
     strays[1].sendall(b"\x80\x04\x95\x10" + bytes(60))  # a pickle
-    strays[2].sendall(frame.HEADER.pack(frame.MAGIC, 1, 2**31, 0))  # a 2 GiB hello
+    strays[2].sendall(frame.HEADER.pack(frame.MAGIC, frame.FORMAT_VERSION, 2**31, 0))  # a 2 GiB hello
     # strays[3] says nothing at all
     genuine = open_receiver(peer, cfg, descriptor)
     try:

@@ -53,7 +53,7 @@ def encoded(message: tuple, tensors: list[torch.Tensor] = ()) -> bytes:  # type:
     return b"".join(bytes(piece) for piece in frame.encode_frame(message, tensors))
 
 
-def raw_frame(meta: object, payload: bytes = b"", magic: bytes = frame.MAGIC, version: int = 1) -> bytes:
+def raw_frame(meta: object, payload: bytes = b"", magic: bytes = frame.MAGIC, version: int = frame.FORMAT_VERSION) -> bytes:
     body = meta if isinstance(meta, bytes) else json.dumps(meta).encode()
     return frame.HEADER.pack(magic, version, len(body), len(payload)) + body + payload
 
@@ -94,12 +94,12 @@ MALFORMED = {
     "pickle bytes": (b"\x80\x04\x95" + bytes(40), WireFormatError, "bad magic"),
     "future version": (raw_frame(VALID_META, bytes(8), version=9), WireFormatError, "format version 9"),
     "huge metadata length": (
-        frame.HEADER.pack(frame.MAGIC, 1, 2**32 - 1, 0),
+        frame.HEADER.pack(frame.MAGIC, frame.FORMAT_VERSION, 2**32 - 1, 0),
         WireFormatError,
         "4294967295 bytes of metadata, over the cap",
     ),
     "huge payload length": (
-        frame.HEADER.pack(frame.MAGIC, 1, 2, 2**63) + b"{}",
+        frame.HEADER.pack(frame.MAGIC, frame.FORMAT_VERSION, 2, 2**63) + b"{}",
         WireFormatError,
         f"{2**63} payload bytes, over the cap",
     ),
@@ -241,4 +241,4 @@ def test_delta_items_off_the_encoding_are_refused(items: list, reason: str) -> N
 def test_header_layout_is_fixed() -> None:
     # magic (4) | version (1) | reserved (3) | metadata length (u32) | payload length (u64), big-endian
     assert frame.HEADER.size == 20
-    assert frame.encode_header(3, 258) == b"RLWS\x01\x00\x00\x00" + struct.pack("!I", 3) + struct.pack("!Q", 258)
+    assert frame.encode_header(3, 258) == b"RLWS\x02\x00\x00\x00" + struct.pack("!I", 3) + struct.pack("!Q", 258)

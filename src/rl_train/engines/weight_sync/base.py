@@ -28,7 +28,7 @@ SparseUpdates = Iterable[tuple[str, "torch.Tensor", "torch.Tensor"]]
 @runtime_checkable
 class WeightSender(Protocol):
     def descriptor(self) -> dict[str, Any]:
-        """Small, picklable: what a receiver needs to connect (names, ports, sizes, the run's token)."""
+        """Small, picklable: what a receiver needs to connect (names, ports, sizes, the run's secret); it travels only through the trainer's own channel (Ray actor calls)."""
         ...
 
     def send(self, named_tensors: NamedTensors, version: int) -> Any:

@@ -45,4 +45,8 @@ class WireFormatError(TransportError):
 
 
 class PeerRefusedError(TransportError):
-    """A connection did not present the sender's per-run token, or the sender refused this receiver."""
+    """A peer did not prove the run's secret in the handshake (either end), or the sender refused this receiver."""
+
+
+class IntegrityError(TransportError):
+    """A sealed frame or a bucket failed its MAC check: forged, replayed, reordered or damaged."""

@@ -7,7 +7,13 @@ bytes as tensors of an allowed dtype. Layout, in network byte order::
     header    magic b"RLWS" | format version (u8) | 3 reserved bytes
               | metadata length (u32) | payload length (u64)
     metadata  UTF-8 JSON: {"message": [kind, *fields], "tensors": [{"dtype", "shape", "nbytes"}, ...]}
+    tag       32 bytes, only once the channel is sealed (after the handshake, ``auth.py``):
+              HMAC-SHA256 of the frame's sequence number, header and metadata
     payload   each tensor's raw bytes, starting at a multiple of TENSOR_ALIGN_BYTES
+
+A sealed frame's tag is checked before its metadata is parsed. A payload is never covered
+by the frame's tag: the only payloads are bucket bytes, which their own tag covers (the
+bucket announcement carries it).
 
 Every declared length is checked against a cap before anything is allocated, every message
 against the table of the stream protocol's messages (``MESSAGES``), every dtype against an
@@ -19,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +34,8 @@ import torch
 from rl_train.engines.weight_sync.errors import WireFormatError
 
 MAGIC = b"RLWS"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the handshake is a challenge-response and sealed frames carry a tag (1 sent a bare token)."""
 HEADER = struct.Struct("!4sB3xIQ")
 TENSOR_ALIGN_BYTES = 16
 """Tensors start at multiples of this in the payload (the widest allowed element), so they are viewed in place."""
@@ -48,14 +55,18 @@ DTYPES: dict[str, torch.dtype] = {
 """The dtypes a frame or a bucket may carry: plain numeric ones, whose every bit pattern is a value."""
 
 MESSAGES: dict[str, tuple[type, ...]] = {
-    "hello": (str, dict),  # receiver -> sender: the run's token, the transport's hello
+    "hello": (str, dict),  # receiver -> sender: its nonce, the transport's hello
+    "challenge": (str, str),  # sender -> receiver: its nonce, its proof of the run's secret
+    "proof": (str,),  # receiver -> sender: its proof of the run's secret
     "welcome": (dict,),
     "refused": (str,),  # sender -> a peer it will not serve, with the reason
     "begin": (dict,),
-    "bucket": (int, int, list),  # buffer index, bytes used, chunk records
+    "bucket": (int, int, list, str),  # buffer index, bytes used, chunk records, the bytes' tag
     "bytes": (int,),  # tcp transport: the bucket's bytes as the frame's one tensor
     "end": (int,),
     "ack": (int,),
+    "nack": (int,),  # receiver -> sender: the bucket in this buffer failed its tag; send it again
+    "resend": (int,),  # sender -> receiver: that bucket's bytes again, on the control channel
     "abort": (str,),
     "done": (int,),
     "verdict": (bool, str),
@@ -205,11 +216,19 @@ def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
-def encode_frame(message: Message, tensors: Sequence[torch.Tensor] = ()) -> list[bytes | memoryview]:
-    """The pieces to send, in order: header and metadata, then each tensor's bytes and padding."""
+TAG_BYTES = 32
+"""Length of a sealed frame's tag (HMAC-SHA256)."""
+
+
+def encode_frame(
+    message: Message, tensors: Sequence[torch.Tensor] = (), seal: Callable[[bytes], bytes] | None = None
+) -> list[bytes | memoryview]:
+    """The pieces to send, in order: header and metadata (and their tag when ``seal`` is
+    given), then each tensor's bytes and padding."""
     meta, specs = encode_meta(message, tensors)
     offsets, end = payload_offsets(specs)
-    pieces: list[bytes | memoryview] = [encode_header(len(meta), end) + meta]
+    head = encode_header(len(meta), end) + meta
+    pieces: list[bytes | memoryview] = [head + seal(head) if seal is not None else head]
     cursor = 0
     for tensor, start in zip(tensors, offsets, strict=True):
         if start > cursor:

@@ -1,45 +1,59 @@
 """One bucketed stream of named tensors from a sender to N receivers, over any transport.
 
-Protocol on each receiver's control socket (sender -> receiver unless marked):
-``hello(token, transport hello)`` (receiver -> sender, once), ``welcome`` (once), then per stream ``begin(header)``,
-``bucket(index, nbytes, chunks)`` per bucket, ``end(num_buckets)``; the receiver answers
-every bucket with ``ack(index)`` once it has copied the bytes out, which frees that buffer.
-A background thread pushes bucket k while the caller packs bucket k+1 into the other
-buffer; before a buffer is reused, the packer waits for every receiver's ack of it.
+Protocol on each receiver's control socket (sender -> receiver unless marked): the
+handshake of ``auth.py`` (``hello``, ``challenge``, ``proof``: once), ``welcome`` (once),
+then per stream ``begin(header)``, ``bucket(index, nbytes, chunks, tag)`` per bucket,
+``end(num_buckets)``; the receiver answers every bucket with ``ack(index)`` once it has
+copied the bytes out, which frees that buffer. A background thread pushes bucket k while
+the caller packs bucket k+1 into the other buffer; before a buffer is reused, the packer
+waits for every receiver's ack of it.
 
-The descriptor carries a random per-sender token. A connection whose hello does not
-present it (a stray client, a receiver of another run, garbage) is answered ``refused``
-and closed, and the sender goes on accepting until its own receivers are in.
+A bucket whose bytes fail their tag at a receiver is answered ``nack(index)``; the sender
+then sends those bytes again on that receiver's control channel (``resend``), at most
+``MAX_RESENDS`` times, and fails the sync naming the bucket after that.
+
+The descriptor carries the per-run secret. A connection that does not prove it (a stray
+client, a receiver of another run, garbage) is answered ``refused`` and closed, and the
+sender goes on accepting until its own receivers are in.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import secrets
-import socket
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
-from rl_train.engines.weight_sync import wire
+from rl_train.engines.weight_sync import auth, wire
 from rl_train.engines.weight_sync.buckets import ChunkMeta, pack_buckets
-from rl_train.engines.weight_sync.errors import PeerRefusedError, TransportError
+from rl_train.engines.weight_sync.errors import IntegrityError, TransportError
 from rl_train.engines.weight_sync.frame import Message
 from rl_train.engines.weight_sync.transports import PlacesDirect, get_transport
-from rl_train.engines.weight_sync.wire import Deadline
+from rl_train.engines.weight_sync.wire import Channel, Deadline
 
 logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_SECONDS = 5.0
-"""How long an accepted connection may take to say hello before it is dropped, so that a
-silent client cannot hold the place of a real receiver for the whole sync timeout."""
-HELLO_MAX_META_BYTES = 64 << 10
-"""Cap on a hello, read before the peer has shown the token."""
+"""How long an accepted connection may take over the handshake before it is dropped, so
+that a silent client cannot hold the place of a real receiver for the whole sync timeout."""
+MAX_RESENDS = 3
+"""Times a bucket that failed its tag at a receiver is sent again before the sync fails."""
+T = TypeVar("T")
+
+
+@dataclass
+class Bucket:
+    """One pushed bucket, as its tag binds it: (version, stream, bucket, buffer, bytes) and its chunks."""
+
+    header: tuple[int, int, int, int, int]
+    records: list[Any]
+    tag: str = ""
 
 
 class StreamSender:
@@ -49,14 +63,21 @@ class StreamSender:
         self._transport = get_transport(transport).Sender(bucket_size_bytes, host, options)
         self._server = wire.listen(host)
         self._num_receivers = num_receivers
-        self._conns: list[socket.socket] = []
+        self._conns: list[Channel] = []
         self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync-push")
-        self._token = secrets.token_hex(32)
+        self._secret_text = auth.new_secret()
+        self._secret = bytes.fromhex(self._secret_text)
+        self._stream_nonce = secrets.token_bytes(auth.NONCE_BYTES)
+        """Fresh per sender: tags of another sender's buckets (a recording) never verify here."""
+        self._mac = auth.BucketMac(auth.derive(self._secret, b"buckets", self._stream_nonce))
+        self._num_streams = 0
         self.num_refused = 0
-        """Connections refused so far (no token, a wrong one, or not speaking the protocol)."""
+        """Connections refused so far (a wrong proof, or not speaking the protocol)."""
+        self.num_resent = 0
+        """Buckets sent again because a receiver found them damaged."""
         self._descriptor = {
             "transport": transport,
-            "token": self._token,
+            "secret": self._secret_text,
             "host": host,
             "port": self._server.getsockname()[1],
             "bucket_size_bytes": bucket_size_bytes,
@@ -73,44 +94,41 @@ class StreamSender:
         hellos = []
         while len(self._conns) < self._num_receivers:
             waiting = f"waiting for receiver {len(self._conns) + 1} of {self._num_receivers} to connect"
-            conn = wire.accept(self._server, deadline, waiting)
+            conn = Channel(wire.accept(self._server, deadline, waiting))
             own = Deadline(min(HELLO_TIMEOUT_SECONDS, deadline.remaining(waiting)))
             try:
-                hellos.append(self._hello(conn, own))
+                hellos.append(auth.sender_handshake(conn, self._secret, own))
             except TransportError as exc:  # this peer only: the sync goes on without it
                 self._refuse(conn, exc)
                 continue
             self._conns.append(conn)
         for conn, welcome in zip(self._conns, self._transport.plan(hellos), strict=True):
-            wire.send_message(conn, ("welcome", welcome), deadline, "sending the welcome")
-        self._transport.attach(self._conns, deadline)
+            welcome = {"stream_nonce": self._stream_nonce.hex(), "transport": welcome}
+            conn.send(("welcome", welcome), deadline, "sending the welcome")
+        transport_key = auth.derive(self._secret, b"transport", self._stream_nonce)
+        self._transport.attach(self._conns, deadline, transport_key)
 
-    def _hello(self, conn: socket.socket, deadline: Deadline) -> dict[str, Any]:
-        """The transport hello of a peer that presents this sender's token."""
-        waiting = "waiting for a connected peer's hello"
-        message = wire.recv_message(conn, deadline, waiting, max_meta_bytes=HELLO_MAX_META_BYTES)
-        token, hello = wire.expect(message, "hello", waiting)
-        if not hmac.compare_digest(token.encode(), self._token.encode()):
-            raise PeerRefusedError("the peer did not present this sender's token (from its descriptor)")
-        return hello
-
-    def _refuse(self, conn: socket.socket, reason: TransportError) -> None:
+    def _refuse(self, conn: Channel, reason: TransportError) -> None:
+        """Drop a peer that did not prove the secret; it never sees a welcome, let alone a weight."""
         self.num_refused += 1
-        logger.warning("weight sync: refused a connection to the sender: %s", reason)
+        peer = "an unknown peer"
+        with contextlib.suppress(OSError):
+            peer = "{}:{}".format(*conn.sock.getpeername()[:2])
+        logger.warning("weight sync: refused a connection to the sender from %s: %s", peer, reason)
         with contextlib.suppress(TransportError):
-            wire.send_message(conn, ("refused", reason.reason), Deadline(1.0), "refusing a peer")
+            wire.send_message(conn.sock, ("refused", reason.reason), Deadline(1.0), "refusing a peer")
         conn.close()
 
     def broadcast(self, message: Message, deadline: Deadline, waiting_for: str) -> None:
         for rank, conn in enumerate(self._conns):
-            wire.send_message(conn, message, deadline, f"{waiting_for} (receiver {rank})")
+            conn.send(message, deadline, f"{waiting_for} (receiver {rank})")
 
     def gather(self, kind: str, deadline: Deadline, waiting_for: str) -> list[Message]:
         """One ``kind`` message from every receiver; an ``abort`` from one raises with its reason."""
         replies, aborted = [], []
         for rank, conn in enumerate(self._conns):  # read every receiver's reply so all stay in step
             what = f"waiting for receiver {rank} {waiting_for}"
-            message = wire.recv_message(conn, deadline, what)
+            message = conn.recv_message(deadline, what)
             if message[0] == "abort":
                 aborted.append(f"receiver {rank} aborted the sync: {message[1]}")
                 continue
@@ -125,7 +143,8 @@ class StreamSender:
         """Stream every tensor; returns the bytes packed. Receivers have copied all bytes on return."""
         self.connect(deadline)
         self.broadcast(("begin", header), deadline, "announcing a sync")
-        in_flight: dict[int, Future[None]] = {}
+        stream, self._num_streams = self._num_streams, self._num_streams + 1
+        in_flight: dict[int, Future[Bucket]] = {}
         counter = {"bucket": 0, "bytes": 0}
         places_direct = isinstance(self._transport, PlacesDirect)
         direct = self._transport.place_direct if places_direct else None
@@ -133,17 +152,16 @@ class StreamSender:
         def acquire(index: int) -> None:
             future = in_flight.pop(index, None)
             if future is not None:
-                self._wait(future, deadline, f"pushing bucket buffer {index}")
-                self.gather(
-                    "ack", deadline, f"to release bucket buffer {index} (version {header.get('version')})"
-                )
+                self._settle(self._wait(future, deadline, f"pushing bucket buffer {index}"), deadline)
             if places_direct:  # what a bucket that was never pushed left behind goes too
                 self._transport.release(index)
 
         def emit(index: int, nbytes: int, chunks: list[ChunkMeta]) -> None:
-            in_flight[index] = self._pusher.submit(
-                self._push, index, nbytes, chunks, counter["bucket"], deadline
+            bucket = Bucket(
+                (int(header.get("version", 0)), stream, counter["bucket"], index, nbytes),
+                [chunk.to_wire() for chunk in chunks],
             )
+            in_flight[index] = self._pusher.submit(self._push, bucket, deadline)
             counter["bucket"] += 1
             counter["bytes"] += nbytes
 
@@ -157,18 +175,67 @@ class StreamSender:
         self.broadcast(("end", num_buckets), deadline, "closing a sync")
         return counter["bytes"]
 
-    def _push(
-        self, index: int, nbytes: int, chunks: list[ChunkMeta], number: int, deadline: Deadline
-    ) -> None:
-        message = ("bucket", index, nbytes, [chunk.to_wire() for chunk in chunks])
+    def _pieces(self, index: int, nbytes: int) -> list[torch.Tensor]:
+        """The bytes of bucket ``index`` in order, wherever the transport keeps them."""
+        if isinstance(self._transport, PlacesDirect):
+            return self._transport.pieces(index, nbytes)
+        return [self._transport.buffers[index][:nbytes]]
+
+    def _push(self, bucket: Bucket, deadline: Deadline) -> Bucket:
+        """Tag the bucket's bytes (in this thread, beside the packer) and send it on.
+
+        The tag is taken before the transport moves anything: a write into the sender's own
+        buffers after this point (Mooncake lets any peer write registered memory) then fails
+        the receivers' check instead of travelling under a tag that matches it.
+        """
+        _, _, number, index, nbytes = bucket.header
+        bucket.tag = self._mac.tag(bucket.header, bucket.records, self._pieces(index, nbytes))
         if self._transport.data_before_meta:
             self._transport.push(index, nbytes, deadline)
-            self.broadcast(message, deadline, f"announcing bucket {number}")
-        else:
-            self.broadcast(message, deadline, f"announcing bucket {number}")
+        self.broadcast(("bucket", index, nbytes, bucket.records, bucket.tag), deadline, f"announcing bucket {number}")
+        if not self._transport.data_before_meta:
             self._transport.push(index, nbytes, deadline)
+        return bucket
 
-    def _abort(self, in_flight: dict[int, Future[None]], reason: str) -> None:
+    def _settle(self, bucket: Bucket, deadline: Deadline) -> None:
+        """Every receiver's ack of ``bucket``; one that found it damaged (``nack``) gets its
+        bytes again on its own control channel, up to ``MAX_RESENDS`` times."""
+        version, _, number, index, _ = bucket.header
+        waiting, aborted = f"to release bucket buffer {index} (version {version})", []
+        for rank, conn in enumerate(self._conns):  # read every receiver's reply so all stay in step
+            what = f"waiting for receiver {rank} {waiting}"
+            message = conn.recv_message(deadline, what)
+            for attempt in range(1, MAX_RESENDS + 2):
+                if message[0] != "nack":
+                    break
+                if attempt > MAX_RESENDS:
+                    raise IntegrityError(
+                        f"bucket {number} of version {version} failed its MAC check at receiver {rank} "
+                        f"{attempt} times (sent once, resent {MAX_RESENDS} times); giving up"
+                    )
+                logger.warning(
+                    "weight sync: receiver %d rejected bucket %d of version %d (MAC check failed); "
+                    "resending it (%d of %d)", rank, number, version, attempt, MAX_RESENDS,
+                )
+                self.num_resent += 1
+                self._wait(self._pusher.submit(self._resend, conn, bucket, deadline), deadline, "resending")
+                message = conn.recv_message(deadline, what)
+            if message[0] == "abort":
+                aborted.append(f"receiver {rank} aborted the sync: {message[1]}")
+                continue
+            wire.expect(message, "ack", what)
+        if aborted:
+            raise TransportError("; ".join(aborted))
+
+    def _resend(self, conn: Channel, bucket: Bucket, deadline: Deadline) -> None:
+        """The bucket's bytes on the control channel (in the pusher thread, so that frames on
+        one socket never interleave): the transport's own path may be the one that damages them."""
+        _, _, number, index, nbytes = bucket.header
+        pieces = [piece.cpu() for piece in self._pieces(index, nbytes)]
+        data = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        conn.send(("resend", index), deadline, f"resending bucket {number}", [data])
+
+    def _abort(self, in_flight: dict[int, Future[Bucket]], reason: str) -> None:
         """Best effort: tell the receivers this stream is dead, so they fail now rather than time out."""
         for future in in_flight.values():
             future.cancel()
@@ -184,9 +251,9 @@ class StreamSender:
                 self.gather("ack", deadline, f"to release bucket buffer {index} after an abort")
 
     @staticmethod
-    def _wait(future: Future[None], deadline: Deadline, waiting_for: str) -> None:
+    def _wait(future: Future[T], deadline: Deadline, waiting_for: str) -> T:
         try:
-            future.result(timeout=deadline.remaining(waiting_for))
+            return future.result(timeout=deadline.remaining(waiting_for))
         except FutureTimeout as exc:
             raise TransportError(f"timed out after {deadline.timeout_seconds:.1f} s {waiting_for}") from exc
 

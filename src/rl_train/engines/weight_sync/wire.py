@@ -9,6 +9,7 @@ came, never into a silent hang; a malformed frame is a ``WireFormatError``.
 
 from __future__ import annotations
 
+import hmac
 import socket
 import time
 from collections.abc import Sequence
@@ -16,7 +17,12 @@ from collections.abc import Sequence
 import torch
 
 from rl_train.engines.weight_sync import frame
-from rl_train.engines.weight_sync.errors import PeerRefusedError, TransportError, WireFormatError
+from rl_train.engines.weight_sync.errors import (
+    IntegrityError,
+    PeerRefusedError,
+    TransportError,
+    WireFormatError,
+)
 from rl_train.engines.weight_sync.frame import Message
 
 
@@ -68,20 +74,48 @@ def send_all(sock: socket.socket, data: bytes | memoryview, deadline: Deadline, 
         raise TransportError(f"connection lost {waiting_for}: {exc}") from exc
 
 
+class FrameSeal:
+    """One direction of a sealed channel: HMAC-SHA256 over (sequence number, header, metadata).
+
+    The sequence number is counted by both ends and never sent, so a frame that is replayed,
+    dropped or reordered fails its check as surely as a forged one does.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+        self._count = 0
+
+    def tag(self, head: bytes) -> bytes:
+        """The tag of the next frame, whose header and metadata are ``head``."""
+        digest = hmac.digest(self._key, self._count.to_bytes(8, "big") + head, "sha256")
+        self._count += 1
+        return digest
+
+    def check(self, head: bytes, tag: bytes, waiting_for: str) -> None:
+        number = self._count
+        if not hmac.compare_digest(self.tag(head), tag):
+            raise IntegrityError(
+                f"frame {number} {waiting_for} failed its MAC check: forged, replayed, reordered or damaged"
+            )
+
+
 def send_frame(
     sock: socket.socket,
     message: Message,
     tensors: Sequence[torch.Tensor],
     deadline: Deadline,
     waiting_for: str,
+    seal: FrameSeal | None = None,
 ) -> None:
     """Send one frame: ``message`` (JSON-able fields) and the raw bytes of ``tensors``."""
-    for piece in frame.encode_frame(message, tensors):
+    for piece in frame.encode_frame(message, tensors, seal.tag if seal is not None else None):
         send_all(sock, piece, deadline, waiting_for)
 
 
-def send_message(sock: socket.socket, message: Message, deadline: Deadline, waiting_for: str) -> None:
-    send_frame(sock, message, (), deadline, waiting_for)
+def send_message(
+    sock: socket.socket, message: Message, deadline: Deadline, waiting_for: str, seal: FrameSeal | None = None
+) -> None:
+    send_frame(sock, message, (), deadline, waiting_for, seal)
 
 
 def recv_frame(
@@ -91,10 +125,12 @@ def recv_frame(
     max_payload_bytes: int,
     max_meta_bytes: int = frame.MAX_META_BYTES,
     into: torch.Tensor | None = None,
+    seal: FrameSeal | None = None,
 ) -> tuple[Message, list[torch.Tensor]]:
     """One frame's message and tensors; the tensors view ``into`` when it is big enough.
 
-    Declared lengths are checked against the caps before anything is allocated or read.
+    Declared lengths are checked against the caps before anything is allocated or read; on a
+    sealed channel (``seal``) the tag is checked before the metadata is parsed.
     """
     header = bytearray(frame.HEADER.size)
     got = _fill(sock, memoryview(header), deadline, waiting_for)
@@ -104,6 +140,10 @@ def recv_frame(
     meta_nbytes, payload_nbytes = frame.decode_header(bytes(header), max_meta_bytes, max_payload_bytes)
     meta = bytearray(meta_nbytes)
     _check_complete(_fill(sock, memoryview(meta), deadline, waiting_for), meta_nbytes, "metadata", waiting_for)
+    if seal is not None:
+        tag = bytearray(frame.TAG_BYTES)
+        _check_complete(_fill(sock, memoryview(tag), deadline, waiting_for), len(tag), "tag", waiting_for)
+        seal.check(bytes(header) + bytes(meta), bytes(tag), waiting_for)
     message, specs = frame.decode_meta(meta)
     if into is None or into.numel() < payload_nbytes:
         into = torch.empty(payload_nbytes, dtype=torch.uint8)
@@ -121,11 +161,56 @@ def _check_complete(got: int, expected: int, part: str, waiting_for: str) -> Non
 
 
 def recv_message(
-    sock: socket.socket, deadline: Deadline, waiting_for: str, max_meta_bytes: int = frame.MAX_META_BYTES
+    sock: socket.socket,
+    deadline: Deadline,
+    waiting_for: str,
+    max_meta_bytes: int = frame.MAX_META_BYTES,
+    seal: FrameSeal | None = None,
 ) -> Message:
     """One message frame; a frame that carries tensors is refused (no payload allowed)."""
-    message, _ = recv_frame(sock, deadline, waiting_for, max_payload_bytes=0, max_meta_bytes=max_meta_bytes)
+    message, _ = recv_frame(
+        sock, deadline, waiting_for, max_payload_bytes=0, max_meta_bytes=max_meta_bytes, seal=seal
+    )
     return message
+
+
+class Channel:
+    """A control connection: plain frames during the handshake, sealed ones once it is done.
+
+    ``sealed`` installs the session's two keys (``auth.py``); from then on every frame in
+    either direction carries a tag, and one that fails it raises ``IntegrityError``.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._out: FrameSeal | None = None
+        self._in: FrameSeal | None = None
+
+    def seal(self, send_key: bytes, receive_key: bytes) -> None:
+        self._out, self._in = FrameSeal(send_key), FrameSeal(receive_key)
+
+    def send(
+        self, message: Message, deadline: Deadline, waiting_for: str, tensors: Sequence[torch.Tensor] = ()
+    ) -> None:
+        send_frame(self.sock, message, tensors, deadline, waiting_for, self._out)
+
+    def recv(
+        self,
+        deadline: Deadline,
+        waiting_for: str,
+        max_payload_bytes: int = 0,
+        max_meta_bytes: int = frame.MAX_META_BYTES,
+        into: torch.Tensor | None = None,
+    ) -> tuple[Message, list[torch.Tensor]]:
+        return recv_frame(self.sock, deadline, waiting_for, max_payload_bytes, max_meta_bytes, into, self._in)
+
+    def recv_message(
+        self, deadline: Deadline, waiting_for: str, max_meta_bytes: int = frame.MAX_META_BYTES
+    ) -> Message:
+        return self.recv(deadline, waiting_for, 0, max_meta_bytes)[0]
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def expect(message: Message, kind: str, waiting_for: str) -> Message:

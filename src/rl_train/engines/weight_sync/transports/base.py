@@ -9,13 +9,12 @@ first so the receiver knows how many bytes to read.
 
 from __future__ import annotations
 
-import socket
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # the config check imports this in the driver, which never imports torch
     import torch
 
-    from rl_train.engines.weight_sync.wire import Deadline
+    from rl_train.engines.weight_sync.wire import Channel, Deadline
 
 
 class SenderTransport(Protocol):
@@ -29,8 +28,11 @@ class SenderTransport(Protocol):
         """Given each receiver's hello, the welcome each one gets (ranks, addresses)."""
         ...
 
-    def attach(self, conns: list[socket.socket], deadline: Deadline) -> None:
-        """Finish connecting once every receiver got its welcome."""
+    def attach(self, conns: list[Channel], deadline: Deadline, key: bytes) -> None:
+        """Finish connecting once every receiver got its welcome. ``conns`` are the receivers'
+        sealed control channels; ``key`` is derived from the run's secret and this sender's
+        stream nonce (the receivers derive the same), for a transport that authenticates its
+        own rendezvous."""
         ...
 
     def push(self, index: int, nbytes: int, deadline: Deadline) -> None:
@@ -53,11 +55,19 @@ class PlacesDirect(Protocol):
 
     def release(self, index: int) -> None: ...
 
+    def pieces(self, index: int, nbytes: int) -> list[torch.Tensor]:
+        """The bytes of bucket ``index`` in order, direct chunks included (what its tag covers)."""
+        ...
+
 
 class ReceiverTransport(Protocol):
+    shared_buffers: bool
+    """True when other processes can write the buffers ``pull`` returns (shared memory, registered
+    RDMA/TCP buffers): the stream then checks a private copy, never the buffer itself."""
+
     def hello(self) -> dict[str, Any]: ...
 
-    def attach(self, welcome: dict[str, Any], sock: socket.socket, deadline: Deadline) -> None: ...
+    def attach(self, welcome: dict[str, Any], channel: Channel, deadline: Deadline, key: bytes) -> None: ...
 
     def pull(self, index: int, nbytes: int, deadline: Deadline) -> torch.Tensor:
         """The bytes of bucket buffer ``index``, valid until the bucket is acked."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +29,7 @@ import torch
 from rl_train.engines.node_address import is_loopback, node_ip
 from rl_train.engines.weight_sync.errors import TransportError, WireFormatError
 from rl_train.engines.weight_sync.transports.rdma_devices import resolve_devices
-from rl_train.engines.weight_sync.wire import Deadline
+from rl_train.engines.weight_sync.wire import Channel, Deadline
 
 FORCE_TCP_VARIABLE = "MC_FORCE_TCP"
 """Mooncake installs only its TCP transport while this is set (to anything) at ``initialize``."""
@@ -124,7 +123,7 @@ class Sender:
         self._peers = [(hello["session"], hello["addresses"]) for hello in hellos]
         return [{} for _ in hellos]
 
-    def attach(self, conns: list[socket.socket], deadline: Deadline) -> None:
+    def attach(self, conns: list[Channel], deadline: Deadline, key: bytes) -> None:
         return None
 
     def place_direct(self, index: int, offset: int, data: torch.Tensor) -> bool:
@@ -150,6 +149,18 @@ class Sender:
             cursor = offset + length
         if nbytes > cursor:
             pieces.append((staged + cursor, cursor, nbytes - cursor))
+        return pieces
+
+    def pieces(self, index: int, nbytes: int) -> list[torch.Tensor]:
+        """The bucket's bytes in order: staged runs of the buffer and the direct chunks."""
+        staged, cursor, pieces = self.buffers[index], 0, []
+        for offset, length, data in self._direct[index]:
+            if offset > cursor:
+                pieces.append(staged[cursor:offset])
+            pieces.append(data)
+            cursor = offset + length
+        if nbytes > cursor:
+            pieces.append(staged[cursor:nbytes])
         return pieces
 
     def push(self, index: int, nbytes: int, deadline: Deadline) -> None:
@@ -182,6 +193,13 @@ class Sender:
 
 
 class Receiver:
+    """Registers two bucket buffers with its TransferEngine. Mooncake lets any peer that
+    reaches the engine's RPC port write registered memory (its handshake checks no identity),
+    so the buffers are ``shared_buffers``: the stream copies each bucket out and checks the
+    copy against its tag, and a write by anyone but the sender fails that check."""
+
+    shared_buffers = True
+
     def __init__(self, descriptor: dict[str, Any]) -> None:
         sender = descriptor.get("host", "127.0.0.1")
         host = sender if is_loopback(sender) else node_ip()  # this receiver's own node, as peers reach it
@@ -197,7 +215,7 @@ class Receiver:
             "addresses": [buffer.data_ptr() for buffer in self._buffers],
         }
 
-    def attach(self, welcome: dict[str, Any], sock: socket.socket, deadline: Deadline) -> None:
+    def attach(self, welcome: dict[str, Any], channel: Channel, deadline: Deadline, key: bytes) -> None:
         return None
 
     def pull(self, index: int, nbytes: int, deadline: Deadline) -> torch.Tensor:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import socket
 import uuid
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 
 from rl_train.engines.weight_sync.errors import TransportError
-from rl_train.engines.weight_sync.wire import Deadline
+from rl_train.engines.weight_sync.wire import Channel, Deadline
 
 
 def available() -> str:
@@ -91,7 +90,7 @@ class Sender:
     def plan(self, hellos: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{} for _ in hellos]
 
-    def attach(self, conns: list[socket.socket], deadline: Deadline) -> None:
+    def attach(self, conns: list[Channel], deadline: Deadline, key: bytes) -> None:
         return None
 
     def push(self, index: int, nbytes: int, deadline: Deadline) -> None:
@@ -107,7 +106,12 @@ class Receiver:
     ``SharedMemory(name)`` would register an attached segment for cleanup, and a process
     spawned by the sender shares its tracker, so the two would unlink or unregister the same
     name twice. Only the creator owns the segment; receivers map and unmap.
+
+    Any process of the sender's user can write the segments (mode 0600), so they are
+    ``shared_buffers``: the stream checks a private copy of each bucket against its tag.
     """
+
+    shared_buffers = True
 
     def __init__(self, descriptor: dict[str, Any]) -> None:
         import _posixshmem
@@ -130,7 +134,7 @@ class Receiver:
     def hello(self) -> dict[str, Any]:
         return {}
 
-    def attach(self, welcome: dict[str, Any], sock: socket.socket, deadline: Deadline) -> None:
+    def attach(self, welcome: dict[str, Any], channel: Channel, deadline: Deadline, key: bytes) -> None:
         return None
 
     def pull(self, index: int, nbytes: int, deadline: Deadline) -> torch.Tensor:

@@ -7,13 +7,12 @@ the receivers.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import torch
 
 from rl_train.engines.weight_sync.errors import WireFormatError
-from rl_train.engines.weight_sync.wire import Deadline, expect, recv_frame, send_frame
+from rl_train.engines.weight_sync.wire import Channel, Deadline, expect
 
 
 def available() -> str:
@@ -25,7 +24,7 @@ class Sender:
 
     def __init__(self, bucket_size_bytes: int, host: str, options: dict[str, Any]) -> None:
         self.buffers = [torch.empty(bucket_size_bytes, dtype=torch.uint8) for _ in range(2)]
-        self._conns: list[socket.socket] = []
+        self._conns: list[Channel] = []
 
     def descriptor(self) -> dict[str, Any]:
         return {}
@@ -33,35 +32,37 @@ class Sender:
     def plan(self, hellos: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{} for _ in hellos]
 
-    def attach(self, conns: list[socket.socket], deadline: Deadline) -> None:
+    def attach(self, conns: list[Channel], deadline: Deadline, key: bytes) -> None:
         self._conns = conns
 
     def push(self, index: int, nbytes: int, deadline: Deadline) -> None:
         bucket = self.buffers[index][:nbytes]
         for rank, conn in enumerate(self._conns):
-            send_frame(conn, ("bytes", index), [bucket], deadline, f"sending a bucket to receiver {rank}")
+            conn.send(("bytes", index), deadline, f"sending a bucket to receiver {rank}", [bucket])
 
     def close(self) -> None:
         self._conns = []
 
 
 class Receiver:
+    shared_buffers = False
+
     def __init__(self, descriptor: dict[str, Any]) -> None:
         self._bucket_size_bytes = int(descriptor["bucket_size_bytes"])
         self._buffer = torch.empty(self._bucket_size_bytes, dtype=torch.uint8)
-        self._sock: socket.socket | None = None
+        self._channel: Channel | None = None
 
     def hello(self) -> dict[str, Any]:
         return {}
 
-    def attach(self, welcome: dict[str, Any], sock: socket.socket, deadline: Deadline) -> None:
-        self._sock = sock
+    def attach(self, welcome: dict[str, Any], channel: Channel, deadline: Deadline, key: bytes) -> None:
+        self._channel = channel
 
     def pull(self, index: int, nbytes: int, deadline: Deadline) -> torch.Tensor:
-        assert self._sock is not None, "attach() comes before the first bucket"
+        assert self._channel is not None, "attach() comes before the first bucket"
         waiting = "waiting for bucket bytes from the sender"
-        message, tensors = recv_frame(
-            self._sock, deadline, waiting, max_payload_bytes=self._bucket_size_bytes, into=self._buffer
+        message, tensors = self._channel.recv(
+            deadline, waiting, max_payload_bytes=self._bucket_size_bytes, into=self._buffer
         )
         (got_index,) = expect(message, "bytes", waiting)
         if got_index != index or len(tensors) != 1 or tensors[0].dtype != torch.uint8:
@@ -75,4 +76,4 @@ class Receiver:
         return tensors[0]
 
     def close(self) -> None:
-        self._sock = None
+        self._channel = None

@@ -3,22 +3,31 @@
 The group is built from its own ``TCPStore`` and never touches the default process group,
 so a training engine that already runs torch.distributed for data parallelism is not
 disturbed. Rank 0 is the sender; receivers get ranks 1..N in the order they connected.
-The store speaks c10d's own protocol (no pickle) and has no authentication, so every key
-lives under a random prefix that only the descriptor carries: a client that finds the port
-cannot name the rendezvous keys.
+
+The store listens on the sender's address only (a socket bound here, handed to the store as
+``master_listen_fd``), never on every interface. It speaks c10d's own protocol (no pickle)
+and checks no identity: any client that reaches the port can list, read and write keys. So
+the group sees the store only through ``authenticated_store``: each key's name is an HMAC of
+it under a key derived from the run's secret (a client that lists keys learns nothing it can
+name), and each value carries an HMAC of its name and bytes, checked on every read (a client
+that writes a value cannot forge one, so it cannot join the group or redirect a rank; it can
+only make the rendezvous fail, loudly).
 """
 
 from __future__ import annotations
 
 import datetime
-import secrets
-import socket
+import hmac
 from typing import Any
 
 import torch
 
-from rl_train.engines.weight_sync.errors import TransportError, WireFormatError
-from rl_train.engines.weight_sync.wire import Deadline
+from rl_train.engines.weight_sync import wire
+from rl_train.engines.weight_sync.errors import IntegrityError, TransportError, WireFormatError
+from rl_train.engines.weight_sync.wire import Channel, Deadline
+
+STORE_TAG_BYTES = 32
+_STORE_CLASS: list[type] = []
 
 
 def available() -> str:
@@ -39,10 +48,70 @@ def _device() -> torch.device:
     )
 
 
-def _group(store: Any, prefix: str, rank: int, world_size: int, timeout_seconds: float) -> Any:
-    from torch.distributed import PrefixStore, ProcessGroupGloo
+def authenticated_store(store: Any, key: bytes) -> Any:
+    """``store`` seen through HMAC-named keys and HMAC-tagged values (the module's docstring)."""
+    if not _STORE_CLASS:
+        _STORE_CLASS.append(_define_store_class())
+    return _STORE_CLASS[0](store, key)
 
-    store = PrefixStore(prefix, store)
+
+def _define_store_class() -> type:
+    """Defined on first use: subclassing ``Store`` imports torch.distributed, which the config
+    check (it imports this module to ask ``available()``) must not need."""
+    from torch.distributed import Store
+
+    class AuthenticatedStore(Store):
+        """What the process group's rendezvous uses of a store (set, get, wait, check, add)."""
+
+        def __init__(self, inner: Any, key: bytes) -> None:
+            super().__init__()
+            self._inner, self._key = inner, key
+
+        def _name(self, name: str) -> str:
+            return "rlws/" + hmac.digest(self._key, b"name\0" + name.encode(), "sha256").hex()
+
+        def _tag(self, name: str, value: bytes) -> bytes:
+            return hmac.digest(self._key, b"value\0" + name.encode() + b"\0" + value, "sha256")
+
+        def set(self, name: str, value: Any) -> None:
+            data = value.encode() if isinstance(value, str) else bytes(value)
+            self._inner.set(self._name(name), self._tag(name, data) + data)
+
+        def get(self, name: str) -> bytes:
+            raw = bytes(self._inner.get(self._name(name)))
+            tag, value = raw[:STORE_TAG_BYTES], raw[STORE_TAG_BYTES:]
+            if not hmac.compare_digest(tag, self._tag(name, value)):
+                raise IntegrityError(
+                    f"the rendezvous value of {name!r} in the TCPStore failed its MAC check: "
+                    "written by a client that does not know the run's secret"
+                )
+            return value
+
+        def add(self, name: str, amount: int) -> int:  # a counter carries no tag; it names no address
+            return int(self._inner.add(self._name(name), amount))
+
+        def wait(self, names: list[str], timeout: datetime.timedelta | None = None) -> None:
+            hashed = [self._name(name) for name in names]
+            self._inner.wait(hashed) if timeout is None else self._inner.wait(hashed, timeout)
+
+        def check(self, names: list[str]) -> bool:
+            return bool(self._inner.check([self._name(name) for name in names]))
+
+        def delete_key(self, name: str) -> bool:
+            return bool(self._inner.delete_key(self._name(name)))
+
+        def set_timeout(self, timeout: datetime.timedelta) -> None:
+            self._inner.set_timeout(timeout)
+
+        def num_keys(self) -> int:
+            return int(self._inner.num_keys())
+
+    return AuthenticatedStore
+
+
+def _group(store: Any, rank: int, world_size: int, timeout_seconds: float) -> Any:
+    from torch.distributed import ProcessGroupGloo
+
     timeout = datetime.timedelta(seconds=timeout_seconds)
     if _device().type == "cuda":
         from torch.distributed import ProcessGroupNCCL
@@ -70,24 +139,27 @@ class Sender:
         from torch.distributed import TCPStore
 
         self._host = host
-        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
-        self._prefix = f"rlws/{secrets.token_hex(16)}"
+        listener = wire.listen(host)  # bound to the address the ranks use, not to every interface
+        port = listener.getsockname()[1]
+        self._store: Any = TCPStore(  # owns the listening socket from here on, and closes it
+            host, port, is_master=True, wait_for_workers=False, master_listen_fd=listener.detach()
+        )
         self.buffers = [torch.empty(bucket_size_bytes, dtype=torch.uint8, device=_device()) for _ in range(2)]
         self._group: Any = None
         self._world_size = 0
 
     def descriptor(self) -> dict[str, Any]:
-        return {"store_host": self._host, "store_port": self._store.port, "store_prefix": self._prefix}
+        return {"store_host": self._host, "store_port": self._store.port}
 
     def plan(self, hellos: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self._world_size = len(hellos) + 1
         return [{"rank": rank + 1, "world_size": self._world_size} for rank in range(len(hellos))]
 
-    def attach(self, conns: list[socket.socket], deadline: Deadline) -> None:
+    def attach(self, conns: list[Channel], deadline: Deadline, key: bytes) -> None:
         seconds = deadline.remaining("waiting for the receivers to join the process group")
         self._store.set_timeout(datetime.timedelta(seconds=seconds))
         try:
-            self._group = _group(self._store, self._prefix, 0, self._world_size, seconds)
+            self._group = _group(authenticated_store(self._store, key), 0, self._world_size, seconds)
         except RuntimeError as exc:  # DistStoreError on timeout: a receiver never joined
             raise TransportError(
                 f"timed out after {seconds:.1f} s waiting for {self._world_size - 1} receiver(s) "
@@ -101,9 +173,12 @@ class Sender:
 
     def close(self) -> None:
         self._group = None
+        self._store = None
 
 
 class Receiver:
+    shared_buffers = False
+
     def __init__(self, descriptor: dict[str, Any]) -> None:
         self._descriptor = descriptor
         self._group: Any = None
@@ -112,7 +187,7 @@ class Receiver:
     def hello(self) -> dict[str, Any]:
         return {}
 
-    def attach(self, welcome: dict[str, Any], sock: socket.socket, deadline: Deadline) -> None:
+    def attach(self, welcome: dict[str, Any], channel: Channel, deadline: Deadline, key: bytes) -> None:
         from torch.distributed import TCPStore
 
         rank, world_size = welcome.get("rank"), welcome.get("world_size")
@@ -124,7 +199,7 @@ class Receiver:
             self._descriptor["store_host"], self._descriptor["store_port"], is_master=False, timeout=timeout
         )
         try:
-            self._group = _group(store, self._descriptor["store_prefix"], rank, world_size, seconds)
+            self._group = _group(authenticated_store(store, key), rank, world_size, seconds)
         except RuntimeError as exc:
             raise TransportError(
                 f"could not join the sender's torch.distributed process group: {exc}"
