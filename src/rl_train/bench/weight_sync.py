@@ -201,6 +201,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mooncake-protocol", choices=["tcp", "rdma"], default="tcp", help="the mooncake transport's protocol"
     )
     parser.add_argument(
+        "--mooncake-direct",
+        action="store_true",
+        help="write big chunks from the exported tensors (rollout.weight_sync.mooncake.direct); off: packed, the default",
+    )
+    parser.add_argument(
         "--mooncake-devices", default="auto", help="rdma: device names, comma-separated, or auto (default)"
     )
     return parser.parse_args(argv)
@@ -209,8 +214,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def mooncake_settings(args: argparse.Namespace) -> MooncakeConfig:
     """``rollout.weight_sync.mooncake`` for the bench: the raw engine and the transport share it."""
     if args.mooncake_protocol == "tcp":
-        return MooncakeConfig()
-    return MooncakeConfig(protocol="rdma", devices=args.mooncake_devices)
+        return MooncakeConfig(direct=args.mooncake_direct)
+    return MooncakeConfig(protocol="rdma", devices=args.mooncake_devices, direct=args.mooncake_direct)
 
 
 def available(transports: list[str] | None) -> list[str]:

@@ -19,6 +19,7 @@ def test_big_chunks_go_direct_and_arrive_bit_exact(peer, monkeypatch: pytest.Mon
     weights["model.transposed.weight"] = torch.randn(64, 96).t()  # not contiguous: packed from a copy
     pair = SyncPair(peer, "bucketed", "mooncake", weights)
     transport = pair.sender._stream._transport
+    transport.direct_allowed = True  # rollout.weight_sync.mooncake.direct: true
     offered: list[tuple[int, int]] = []
     place_direct = transport.place_direct
 
@@ -60,3 +61,23 @@ def test_segments_cover_the_bucket_around_direct_chunks() -> None:
     ]
     assert sender.segments(1, 10) == [(sender.buffers[1].data_ptr(), 0, 10)]
     assert sender.segments(1, 0) == []
+
+
+def test_direct_writes_are_off_unless_the_config_asks(peer) -> None:
+    """By default no exported tensor is registered with Mooncake: a peer reaching the engine
+    could otherwise write the trainer's live parameters while a bucket is pushed."""
+    from rl_train.engines.weight_sync.config import MooncakeConfig
+
+    weights = make_weights(0)
+    pair = SyncPair(peer, "bucketed", "mooncake", weights)
+    transport = pair.sender._stream._transport
+    try:
+        assert MooncakeConfig().direct is False and transport.direct_allowed is False
+        big = torch.zeros(1 << 20, dtype=torch.uint8)
+        assert transport.place_direct(0, 0, big) is False
+        assert transport._registered == {}
+        _, reply = pair.sync(weights, 1)
+        assert reply[0] == "ok", reply
+        assert_same_weights(reply[2], weights)
+    finally:
+        pair.close()

@@ -31,6 +31,13 @@ class MooncakeConfig(StrictModel):
 
     protocol: Literal["tcp", "rdma"] = "tcp"
     """`tcp` (any host), or `rdma` over the RDMA devices named in `devices`."""
+    direct: bool = False
+    """Write chunks of 256 KiB and more straight from the exported tensors (registered with
+    Mooncake for the time of the write) instead of packing them into the sender's buffer,
+    saving that copy. Off by default: Mooncake lets any peer that reaches an engine's ports
+    write its registered memory, and the torch engine exports its live parameters, so for the
+    time of a write such a peer could change the trainer's own weights. Turn it on only where
+    every host that can reach the nodes is trusted."""
     devices: list[str] | Literal["auto"] = Field(default_factory=list, validate_default=True)
     """`rdma`: the RDMA devices each node uses, e.g. [mlx5_0, mlx5_1] (the same names on every
     node), or `auto`: every active device under /sys/class/infiniband of each node. `tcp`: none."""

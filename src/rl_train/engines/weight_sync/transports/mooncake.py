@@ -89,15 +89,19 @@ DIRECT_MIN_BYTES = 256 << 10
 
 
 class Sender:
-    """Writes each bucket with one batch of writes: big chunks straight from the exported
-    tensors (registered for the time of the write, no packing copy), the rest from the
-    sender's own bucket buffer, at the same offsets, so receivers see the usual bucket."""
+    """Writes each bucket with one batch of writes from the sender's own bucket buffer; with
+    ``direct``, big chunks go straight from the exported tensors (registered for the time of
+    the write, no packing copy) and the rest from the buffer, at the same offsets, so
+    receivers see the usual bucket."""
 
     data_before_meta = True
 
     def __init__(self, bucket_size_bytes: int, host: str, options: dict[str, Any]) -> None:
         self._options = {"protocol": options.get("protocol", "tcp"), "devices": options.get("devices", [])}
-        """``rollout.weight_sync.mooncake``; the receivers get it in the descriptor."""
+        """``rollout.weight_sync.mooncake``'s engine settings; the receivers get them in the descriptor."""
+        self.direct_allowed = bool(options.get("direct", False))
+        """``rollout.weight_sync.mooncake.direct``: whether exported tensors may be registered
+        and written from (any peer reaching the engine could write them meanwhile)."""
         self._engine = start_engine(host, **self._options)
         self.buffers = [torch.zeros(bucket_size_bytes, dtype=torch.uint8) for _ in range(2)]
         _register(self._engine, self.buffers)
@@ -128,7 +132,7 @@ class Sender:
 
     def place_direct(self, index: int, offset: int, data: torch.Tensor) -> bool:
         """Take a big host chunk to write from where it lies (the ``Direct`` hook of the packer)."""
-        if data.numel() < DIRECT_MIN_BYTES or data.device.type != "cpu":
+        if not self.direct_allowed or data.numel() < DIRECT_MIN_BYTES or data.device.type != "cpu":
             return False
         region = (data.data_ptr(), data.numel())
         if region not in self._registered:
