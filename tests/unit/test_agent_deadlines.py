@@ -255,6 +255,24 @@ def test_an_in_process_agent_is_abandoned_at_its_deadline_and_told_410(
     assert solved.stop_reason == "eos" and solved.turns == 2
 
 
+def test_stop_ends_in_process_agents_at_once(engine, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "stopped_agent_program.py").write_text(SLOW_PROGRAM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import stopped_agent_program  # type: ignore[import-not-found]
+
+    cfg = AgentConfig(gateway_mode="in_process", gateway_program="stopped_agent_program:run", gateway_timeout_s=60)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    trajectories, took = _run(engine, _starts(tokenizer, ["a", "b"]), cfg, stop)
+    assert took < SLACK_S and [t.stop_reason for t in trajectories] == ["aborted", "aborted"]
+    assert len(_store(engine)) == 0
+    stopped_agent_program.release.set()
+    deadline = time.monotonic() + 10
+    while len(stopped_agent_program.answers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stopped_agent_program.answers == [410, 410]
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
