@@ -26,11 +26,12 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rl_train.engines.agent.agent_process import AgentProcess, agent_env, start_agent
-from rl_train.engines.agent.agent_threads import AgentThread, StuckThreadsError, load_program
+from rl_train.engines.agent.agent_threads import AgentThread, Program, StuckThreadsError, load_program
 from rl_train.engines.agent.batcher import MicroBatcher
 from rl_train.engines.agent.gateway_core import GatewayCore
 from rl_train.engines.agent.gateway_server import GatewayServer
@@ -79,6 +80,9 @@ atexit.register(stop_gateways)
 class _ProcessAgent:
     """A running agent process as the supervisor sees it."""
 
+    grace_s = GRACE_S
+    at_deadline = "its process group was killed"
+
     def __init__(self, process: AgentProcess) -> None:
         self.process = process
 
@@ -95,6 +99,11 @@ class _ProcessAgent:
 
 
 class _ThreadAgent:
+    """A running in-process agent: nothing to wait for past its deadline, since it cannot be killed."""
+
+    grace_s = 0.0
+    at_deadline = "its thread was abandoned (a thread cannot be killed)"
+
     def __init__(self, thread: AgentThread) -> None:
         self.thread = thread
 
@@ -124,7 +133,10 @@ class GatewayBatch:
     ) -> None:
         self.server, self.core, self.tokenizer, self.cfg, self.stop = server, server.core, tokenizer, cfg, stop
         self.sampling = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
-        self.program = load_program(cfg.gateway_program) if cfg.gateway_mode == "in_process" else None
+        self.launch: Callable[[str, str, str], _ProcessAgent | _ThreadAgent] = self._process_agent
+        if cfg.gateway_mode == "in_process":
+            self.launch = self._thread_agent(load_program(cfg.gateway_program))
+        """(request id, session token, task) -> a running agent: the mode, chosen once."""
         self.running: dict[str, _Running] = {}
         self.ended: dict[str, AgentTrajectory] = {}
 
@@ -147,19 +159,24 @@ class GatewayBatch:
                 self._fail(rid, "aborted", "the batch ended with an error")
         return [self.ended[rid] for rid, _ in starts]
 
+    def _process_agent(self, rid: str, token: str, task: str) -> _ProcessAgent:
+        argv = [part.replace("{python}", sys.executable) for part in self.cfg.gateway_command]
+        return _ProcessAgent(start_agent(argv, agent_env(self.server.base_url, token, task)))
+
+    def _thread_agent(self, program: Program) -> Callable[[str, str, str], _ThreadAgent]:
+        def launch(rid: str, token: str, task: str) -> _ThreadAgent:
+            return _ThreadAgent(AgentThread(program, self.server.base_url, token, task, f"gateway-agent-{rid}"))
+
+        return launch
+
     def _start(self, rid: str, ids: list[int]) -> None:
         task = self.tokenizer.decode(ids, skip_special_tokens=True)
         session = self.core.open_session(rid, self.cfg.max_response_tokens, self.cfg.max_turns, self.sampling)
         try:
-            agent: _ProcessAgent | _ThreadAgent
-            if self.program is None:
-                argv = [part.replace("{python}", sys.executable) for part in self.cfg.gateway_command]
-                agent = _ProcessAgent(start_agent(argv, agent_env(self.server.base_url, session.token, task)))
-            else:
-                agent = _ThreadAgent(AgentThread(self.program, self.server.base_url, session.token, task, f"gateway-agent-{rid}"))
+            agent = self.launch(rid, session.token, task)
         except StuckThreadsError as error:
             self._close(rid)
-            self.ended[rid] = self._placeholder(rid, ids, FAILED, str(error))
+            self.ended[rid] = self._unfinished(rid, ids, FAILED, str(error))
             return
         except BaseException:
             self._close(rid)
@@ -168,20 +185,18 @@ class GatewayBatch:
 
     def _watch(self) -> None:
         """End the agents that exited; close the sessions of those past their deadline, and
-        kill (or abandon) those past it by ``GRACE_S``."""
+        kill (or abandon) those past it by their grace."""
         now = time.monotonic()
         for rid, run in list(self.running.items()):
             why = run.agent.outcome()
             late = f"over its {self.cfg.gateway_timeout_s:g} s (rollout.agent.gateway_timeout_s)"
             if why is not None:
-                if run.overdue:
-                    self._fail(rid, FAILED, late)
-                elif why:
-                    self._fail(rid, FAILED, why)
+                if run.overdue or why:
+                    self._fail(rid, FAILED, late if run.overdue else why)
                 else:
                     self._succeed(rid)
-            elif now >= run.deadline + GRACE_S or (now >= run.deadline and isinstance(run.agent, _ThreadAgent)):
-                self._fail(rid, FAILED, late + ("; its process group was killed" if isinstance(run.agent, _ProcessAgent) else "; its thread was abandoned"))
+            elif now >= run.deadline + run.agent.grace_s:
+                self._fail(rid, FAILED, f"{late}; {run.agent.at_deadline}")
             elif now >= run.deadline and not run.overdue:
                 run.overdue = True
                 self._close(rid)  # its requests get 410 from now on
@@ -191,7 +206,7 @@ class GatewayBatch:
         run.agent.end()
         trajectory = self.core.end_session(rid)
         if not trajectory.prompt_ids:
-            self.ended[rid] = self._placeholder(rid, run.ids, FAILED, "it exited without sending a request")
+            self.ended[rid] = self._unfinished(rid, run.ids, FAILED, "it exited without sending a request")
             return
         self.ended[rid] = trajectory
 
@@ -199,7 +214,7 @@ class GatewayBatch:
         run = self.running.pop(rid)
         run.agent.end()
         self._close(rid)
-        self.ended[rid] = self._placeholder(rid, run.ids, stop_reason, why)
+        self.ended[rid] = self._unfinished(rid, run.ids, stop_reason, why)
 
     def _abort(self, queue: deque[tuple[str, list[int]]]) -> None:
         """The rollout's stop: every agent killed, every trajectory ``aborted``."""
@@ -207,7 +222,7 @@ class GatewayBatch:
             self._fail(rid, "aborted", "the rollout stopped")
         while queue:
             rid, ids = queue.popleft()
-            self.ended[rid] = self._placeholder(rid, ids, "aborted", "")
+            self.ended[rid] = self._unfinished(rid, ids, "aborted", "")
 
     def _close(self, rid: str) -> None:
         """Close the session without waiting for a request still in flight (its answer is lost)."""
@@ -215,7 +230,7 @@ class GatewayBatch:
             self.core.store.close(rid)
 
     @staticmethod
-    def _placeholder(rid: str, ids: list[int], stop_reason: str, why: str) -> AgentTrajectory:
+    def _unfinished(rid: str, ids: list[int], stop_reason: str, why: str) -> AgentTrajectory:
         """The trajectory of an agent that did not finish: nothing to train on."""
         if stop_reason == FAILED:
             logger.warning("gateway agent %s failed (its prompt is retried or refilled): %s", rid, why)
