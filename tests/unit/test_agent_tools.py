@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from rl_train.engines.agent.sandbox import run_python
 from rl_train.engines.agent.tools import TOOLS, long_tail_seconds, run_tool
+from rl_train.engines.sandbox import Limits, run_python
 
 
 def test_the_built_in_tools_are_registered() -> None:
@@ -18,7 +18,14 @@ def test_the_built_in_tools_are_registered() -> None:
 
 @pytest.mark.parametrize(
     ("expression", "value"),
-    [("12+30", "42"), ("(2+3)*4", "20"), ("7/2", "3.5"), ("-3**2", "-9"), ("2**10 % 1000", "24"), ("9 // 2", "4")],
+    [
+        ("12+30", "42"),
+        ("(2+3)*4", "20"),
+        ("7/2", "3.5"),
+        ("-3**2", "-9"),
+        ("2**10 % 1000", "24"),
+        ("9 // 2", "4"),
+    ],
 )
 def test_the_calculator_computes(expression: str, value: str) -> None:
     result = run_tool("calculator", {"expression": expression}, 1.0)
@@ -53,13 +60,13 @@ def test_python_prints() -> None:
 
 def test_a_time_bomb_is_killed_at_the_time_limit() -> None:
     started = time.perf_counter()
-    result = run_python("while True:\n    pass", timeout_s=1.0)
+    result = run_python("while True:\n    pass", Limits(wall_s=1.0))
     assert result.timed_out and "[killed: time limit]" in result.observation()
     assert time.perf_counter() - started < 10
 
 
 def test_a_memory_bomb_fails_inside_the_program() -> None:
-    result = run_python("x = bytearray(4 * 1024**3)\nprint('allocated')", memory_mb=256)
+    result = run_python("x = bytearray(4 * 1024**3)\nprint('allocated')", Limits(wall_s=5.0, memory_mb=256))
     assert "allocated" not in result.stdout and "MemoryError" in result.stderr and result.exit_code != 0
 
 
@@ -74,13 +81,13 @@ def test_a_memory_bomb_fails_inside_the_program() -> None:
     ],
 )
 def test_network_and_processes_are_refused(code: str) -> None:
-    result = run_python(code, timeout_s=5.0)
+    result = run_python(code, Limits(wall_s=5.0))
     assert "sandbox:" in result.stderr and "not allowed" in result.stderr, result
     assert "escaped" not in result.stdout
 
 
 def test_an_output_flood_is_cut() -> None:
-    result = run_python("print('x' * 100000)", max_output_bytes=1000)
+    result = run_python("print('x' * 100000)", Limits(wall_s=5.0), max_output_bytes=1000)
     assert result.truncated and len(result.stdout) == 1000 and "[output truncated]" in result.observation()
 
 
@@ -102,7 +109,9 @@ def test_a_tool_call_does_not_check_the_schema_again(monkeypatch: pytest.MonkeyP
     checks: list[object] = []
     real = jsonschema.Draft202012Validator.check_schema
     monkeypatch.setattr(
-        jsonschema.Draft202012Validator, "check_schema", classmethod(lambda cls, s: checks.append(s) or real(s))
+        jsonschema.Draft202012Validator,
+        "check_schema",
+        classmethod(lambda cls, s: checks.append(s) or real(s)),
     )
     assert run_tool("calculator", {"expression": "2+3"}, 1.0).text == "5"
     assert run_tool("calculator", {"expression": 5}, 1.0).error

@@ -56,6 +56,10 @@ config.py imports ``MODES`` at run time, so modes.py sits below it."""
 GPU_ONLY = ("sglang", "megatron", "mooncake", "vllm")
 CORE = {"rl_train.algorithms", "rl_train.registry"}
 """Pure code: the algorithms import nothing of rl_train but themselves and the registry."""
+SANDBOX_ALLOWED = {"rl_train.engines.sandbox", "rl_train.algorithms.config"}
+"""The sandbox (``engines/sandbox``) is a leaf among the engines: it imports nothing of rl_train
+but itself and the config base, and its shim (run by path inside the sandbox, under ``-I``)
+imports nothing of rl_train at all."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,9 @@ def rank_violations(
         source = _unit(path, root)
         for imp in _imports(path, root):
             target = _unit(imp.module, root)
-            if target is None or target == source or not {source, target} <= set(ranks):  # unranked: see above
+            if (
+                target is None or target == source or not {source, target} <= set(ranks)
+            ):  # unranked: see above
                 continue
             if ranks[target] < ranks[source]:  # down the ranks
                 continue
@@ -150,7 +156,9 @@ def test_every_folder_and_module_has_a_rank() -> None:
 def test_imports_point_down_the_ranks() -> None:
     problems, used = rank_violations(PACKAGE, RANKS, TYPE_ONLY_UPWARD)
     assert not problems, "\n".join(problems)
-    assert used == set(TYPE_ONLY_UPWARD), f"type-only exceptions no import needs: {set(TYPE_ONLY_UPWARD) - used}"
+    assert used == set(TYPE_ONLY_UPWARD), (
+        f"type-only exceptions no import needs: {set(TYPE_ONLY_UPWARD) - used}"
+    )
 
 
 def test_the_checks_catch_an_upward_import_and_an_unranked_folder(tmp_path: Path) -> None:
@@ -187,6 +195,18 @@ def test_algorithms_are_pure() -> None:
         if imp.module.split(".")[0] == "rl_train" and ".".join(imp.module.split(".")[:2]) not in CORE
     ]
     assert not problems, "\n".join(problems)
+
+
+def test_the_sandbox_is_a_leaf_and_its_shim_stands_alone() -> None:
+    sandbox = PACKAGE / "engines" / "sandbox"
+    problems = [
+        f"{imp.path.relative_to(REPO)}:{imp.line} imports {imp.module}"
+        for path in sandbox.rglob("*.py")
+        for imp in _imports(path)
+        if imp.module.split(".")[0] == "rl_train"
+        and (path.name == "shim.py" or not any(imp.module.startswith(a) for a in SANDBOX_ALLOWED))
+    ]
+    assert sandbox.is_dir() and not problems, "\n".join(problems)
 
 
 def test_gpu_only_packages_are_imported_lazily() -> None:

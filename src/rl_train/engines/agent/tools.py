@@ -7,8 +7,10 @@ the model can read (the loop feeds it back as an observation). Built in:
 
 - ``calculator``: an arithmetic expression (numbers, + - * / // % **, parentheses), evaluated
   on its syntax tree, never by ``eval``; exponents and results are bounded.
-- ``python``: a program run in a sandboxed subprocess (``sandbox.run_python``): time, memory
-  and output limits, no network.
+- ``python``: a program run in a sandbox (``rl_train.engines.sandbox.run_python``, under
+  the ``sandbox`` config): its own namespaces, a read-only root, time, memory, process, file
+  and output limits, no network. Where no sandbox can start it is an error observation,
+  unless ``sandbox.allow_unsandboxed``.
 - ``long_tail``: answers after a heavy-tailed (lognormal) delay, the same for the same call:
   the latency of a real sandbox, for benchmarks of the async modes.
 """
@@ -26,6 +28,7 @@ from typing import Any
 
 import jsonschema
 
+from rl_train.engines.sandbox import SandboxConfig, SandboxUnavailable, run_python
 from rl_train.registry import Registry
 
 
@@ -43,9 +46,9 @@ class Tool:
     description: str
     parameters: dict[str, Any]
     """JSON schema of the arguments object."""
-    run: Callable[[dict[str, Any], float], str]
-    """(arguments, timeout in seconds) -> the answer; raises ``ToolError`` for a failure the
-    model should read."""
+    run: Callable[[dict[str, Any], float, SandboxConfig], str]
+    """(arguments, timeout in seconds, the sandbox config) -> the answer; raises ``ToolError``
+    for a failure the model should read."""
     validator: jsonschema.Draft202012Validator = field(init=False, repr=False, compare=False)
     """The arguments' validator, its schema checked once, when the tool is made
     (``jsonschema.validate`` checks the schema itself again at every call: 6% of a rollout
@@ -60,7 +63,8 @@ class ToolError(Exception):
     """A tool's failure, worded for the model (bad input, a limit hit)."""
 
 
-def run_tool(name: str, arguments: Any, timeout_s: float) -> ToolResult:
+def run_tool(name: str, arguments: Any, timeout_s: float, sandbox: SandboxConfig | None = None) -> ToolResult:
+    """``sandbox``: how the python tool runs its code (None: the defaults, sandbox required)."""
     started = time.perf_counter()
 
     def failed(message: str) -> ToolResult:
@@ -74,7 +78,7 @@ def run_tool(name: str, arguments: Any, timeout_s: float) -> ToolResult:
         where = "/".join(str(p) for p in error.absolute_path) or "arguments"
         return failed(f"{name}: {where}: {error.message}")
     try:
-        text = tool.run(arguments, timeout_s)
+        text = tool.run(arguments, timeout_s, sandbox or SandboxConfig())
     except ToolError as error:
         return failed(f"{name}: {error}")
     except Exception as error:  # a tool's own bug is the model's observation, not the loop's crash
@@ -104,7 +108,11 @@ def evaluate(expression: str) -> int | float:
         raise ToolError(f"not an arithmetic expression: {expression!r}") from None
 
     def value(node: ast.AST) -> int | float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, int | float)
+            and not isinstance(node.value, bool)
+        ):
             return node.value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
             inner = value(node.operand)
@@ -122,12 +130,14 @@ def evaluate(expression: str) -> int | float:
             if abs(result) > MAX_MAGNITUDE:
                 raise ToolError(f"the result is larger than {MAX_MAGNITUDE:.0e}")
             return result
-        raise ToolError(f"{type(node).__name__} is not allowed (numbers, + - * / // % ** and parentheses only)")
+        raise ToolError(
+            f"{type(node).__name__} is not allowed (numbers, + - * / // % ** and parentheses only)"
+        )
 
     return value(tree.body)
 
 
-def _calculator(arguments: dict[str, Any], timeout_s: float) -> str:
+def _calculator(arguments: dict[str, Any], timeout_s: float, sandbox: SandboxConfig) -> str:
     result = evaluate(arguments["expression"])
     if isinstance(result, float) and result.is_integer():
         result = int(result)
@@ -148,10 +158,15 @@ CALCULATOR = Tool(
 
 
 # -- python -------------------------------------------------------------------------------
-def _python(arguments: dict[str, Any], timeout_s: float) -> str:
-    from rl_train.engines.agent.sandbox import run_python
-
-    return run_python(arguments["code"], timeout_s=timeout_s).observation()
+def _python(arguments: dict[str, Any], timeout_s: float, sandbox: SandboxConfig) -> str:
+    try:
+        result = run_python(
+            arguments["code"], sandbox.tool_limits(timeout_s), max_output_bytes=sandbox.max_output_bytes,
+            allow_unsandboxed=sandbox.allow_unsandboxed,
+        )  # fmt: skip
+    except SandboxUnavailable as error:
+        raise ToolError(str(error)) from None
+    return result.observation()
 
 
 PYTHON = Tool(
@@ -177,7 +192,7 @@ def long_tail_seconds(key: str, median_s: float, sigma: float, max_s: float) -> 
     return min(median_s * math.exp(sigma * normal), max_s)
 
 
-def _long_tail(arguments: dict[str, Any], timeout_s: float) -> str:
+def _long_tail(arguments: dict[str, Any], timeout_s: float, sandbox: SandboxConfig) -> str:
     delay = long_tail_seconds(
         arguments["query"],
         arguments.get("median_s", 0.2),
