@@ -5,7 +5,6 @@ open. Every test here reproduces one way an agent program could hang or leak and
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -30,7 +29,7 @@ SLACK_S = 2.5
 """Beyond the limit and its grace: a Python start and a reap on a loaded 2-core machine."""
 CALL = '<tool_call>{"name":"calculator","arguments":{"expression":"12+30"}}</tool_call>'
 
-AGENT = r'''
+AGENT = r"""
 import json, os, signal, sys, time, urllib.error, urllib.request
 
 def ask(content):
@@ -42,7 +41,7 @@ def ask(content):
     except urllib.error.HTTPError as error:
         return error.code
 
-task, folder = os.environ["RL_TRAIN_TASK"], sys.argv[1]
+task = os.environ["RL_TRAIN_TASK"]
 kind = task.split()[0]
 if kind == "good":
     sys.exit(0 if ask(task) == 200 else 1)
@@ -52,21 +51,29 @@ if kind == "crash":
 if kind == "sleep":  # 6 s, then a request
     time.sleep(6)
     ask(task)
-if kind in ("stubborn", "peek"):  # SIGTERM ignored; two children of its own, which ignore it too
+if kind == "probe":  # reach a listener beside the gateway, and see the trainer's process
+    import socket
+    port, trainer = int(task.split()[1]), int(task.split()[2])
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        sys.exit(10)
+    except OSError:
+        pass
+    try:
+        os.kill(trainer, 0)
+        sys.exit(11)
+    except ProcessLookupError:
+        pass
+    sys.exit(0 if ask(task) == 200 else 1)
+if kind in ("stubborn", "peek"):  # SIGTERM ignored; a stubborn one has two children, which ignore it too
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    pids = [os.getpid()]
-    if kind == "stubborn":
-        for _ in range(2):
-            child = os.fork()
-            if child == 0:
-                time.sleep(60)
-                os._exit(0)
-            pids.append(child)
-    with open(os.path.join(folder, kind + ".tmp"), "w") as out:
-        out.write(json.dumps(pids))
-    os.rename(os.path.join(folder, kind + ".tmp"), os.path.join(folder, kind))
+    for _ in range(2 if kind == "stubborn" else 0):
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+    ask(task)  # the test's cue: everything is running
     time.sleep(60)
-'''  # "silent": exits at once without a request
+"""  # "silent": exits at once without a request. The program goes on argv: the sandbox hides /tmp
 
 
 class Answering:
@@ -74,10 +81,12 @@ class Answering:
 
     def __init__(self, tokenizer, turns: list[str]) -> None:
         self.tokenizer, self.turns, self.version = tokenizer, turns, 1
+        self.served: set[str] = set()
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         out = []
         for request in requests:
+            self.served.add(request.request_id)
             turn = self.tokenizer.decode(request.response_prefix).count("</s>")
             text = self.turns[turn] if turn < len(self.turns) else "done"
             new = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
@@ -97,10 +106,8 @@ def engine(tokenizer) -> Iterator[Answering]:
 
 
 @pytest.fixture
-def agent_cmd(tmp_path: Path) -> list[str]:
-    script = tmp_path / "agent.py"
-    script.write_text(AGENT)
-    return [sys.executable, str(script), str(tmp_path)]
+def agent_cmd() -> list[str]:
+    return [sys.executable, "-c", AGENT]
 
 
 def _starts(tokenizer, tasks: list[str]) -> list[tuple[str, list[int]]]:
@@ -116,12 +123,46 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _wait_for(path: Path, timeout_s: float = 30) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never came"
-        time.sleep(0.02)
-    return json.loads(path.read_text())
+def _tree(root: int) -> set[int]:
+    """``root`` and every process descended from it, as this host's ``/proc`` shows them."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError):
+            continue
+    found = {root}
+    while more := {pid for pid, parent in parents.items() if parent in found} - found:
+        found |= more
+    return found
+
+
+def _all_gone(pids: set[int], within_s: float = 5) -> bool:
+    """Whether every one of ``pids`` has ended within ``within_s`` (a sandbox's processes die by
+    their parent-death signal just after it; orphans are reaped by whoever inherits them)."""
+    deadline = time.monotonic() + within_s
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_alive(pid) for pid in pids)
+
+
+class InBackground:
+    """A batch run on a thread, its running agents visible to the test."""
+
+    def __init__(self, engine, starts, cfg: AgentConfig, stop: threading.Event) -> None:
+        self.engine, self.result, self.started = engine, [], time.monotonic()
+        server = gateway_runs.gateway_for(engine)
+        self.batch = gateway_runs.GatewayBatch(server, engine.tokenizer, SamplingParams(), cfg, stop)
+        self.thread = threading.Thread(target=lambda: self.result.append(self.batch.run(starts)))
+        self.thread.start()
+
+    def processes_once_asked(self, rid: str, timeout_s: float = 30) -> set[int]:
+        """The agent's processes (its sandbox's included), once it has sent its first request."""
+        deadline = time.monotonic() + timeout_s
+        while rid not in self.engine.served:
+            assert time.monotonic() < deadline and self.thread.is_alive(), f"{rid} never asked"
+            time.sleep(0.02)
+        return _tree(self.batch.running[rid].agent.process.pid)
 
 
 def _run(engine, starts, cfg: AgentConfig, stop: threading.Event | None = None) -> tuple[list, float]:
@@ -153,50 +194,69 @@ def test_a_sleeping_agent_process_is_killed_at_its_deadline(engine, tokenizer, a
     assert again.stop_reason == "eos"
 
 
-def test_an_agent_that_ignores_sigterm_and_forks_dies_as_a_group(engine, tokenizer, agent_cmd, tmp_path: Path) -> None:
-    cfg = AgentConfig(gateway_command=agent_cmd, gateway_timeout_s=LIMIT_S)
-    [trajectory], took = _run(engine, _starts(tokenizer, ["stubborn"]), cfg)
-    assert took < LIMIT_S + gateway_runs.GRACE_S + SLACK_S
-    pids = _wait_for(tmp_path / "stubborn", 0)  # written before its deadline
-    assert len(pids) == 3 and trajectory.stop_reason == FAILED
-    deadline = time.monotonic() + 5  # orphaned children are reaped by whoever inherits them
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [pid for pid in pids if _alive(pid)]
+def test_an_agent_that_ignores_sigterm_and_forks_dies_as_a_group(engine, tokenizer, agent_cmd) -> None:
+    limit_s = 3.0  # time to start, fork and ask on a loaded machine
+    cfg = AgentConfig(gateway_command=agent_cmd, gateway_timeout_s=limit_s)
+    run = InBackground(engine, _starts(tokenizer, ["stubborn"]), cfg, threading.Event())
+    pids = run.processes_once_asked("p0/0")
+    assert len(pids) >= 3  # the agent and its two children (and the sandbox's own, where there is one)
+    run.thread.join(timeout=limit_s + gateway_runs.GRACE_S + SLACK_S)
+    assert not run.thread.is_alive() and time.monotonic() - run.started < limit_s + gateway_runs.GRACE_S + SLACK_S
+    assert run.result[0][0].stop_reason == FAILED
+    assert _all_gone(pids)
 
 
 def test_key_and_task_go_by_environment_never_argv_and_stop_ends_the_batch(
-    engine, tokenizer, agent_cmd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engine, tokenizer, agent_cmd, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "trainer-only-secret")
     cfg = AgentConfig(gateway_command=agent_cmd, gateway_timeout_s=60, tool_threads=2)
     stop = threading.Event()
-    result: list = []
     # two agents run (tool_threads), the third waits for a free slot
-    starts = _starts(tokenizer, ["peek 345+678=", "sleep 1+2=", "sleep 1+3="])
-    runner = threading.Thread(target=lambda: result.append(_run(engine, starts, cfg, stop)))
-    runner.start()
-    [pid] = _wait_for(tmp_path / "peek")
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
-    key = env[b"OPENAI_API_KEY"]
-    assert key.startswith(b"rlt-") and env[b"RL_TRAIN_TASK"] == b"peek 345+678=" and env[b"OPENAI_BASE_URL"].startswith(b"http://127.0.0.1:")
-    assert not any(key in a or b"345+678" in a for a in argv), argv
-    assert b"AWS_SECRET_ACCESS_KEY" not in env  # the trainer's own environment stays its own
+    run = InBackground(engine, _starts(tokenizer, ["peek 345+678=", "sleep 1+2=", "sleep 1+3="]), cfg, stop)
+    pids = run.processes_once_asked("p0/0")
+    key = _store(engine).token_of("p0/0").encode()
+    told = []
+    for pid in pids:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert key not in argv and b"345+678" not in argv, argv
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert not any(v.startswith(b"AWS_SECRET_ACCESS_KEY=") for v in environ)  # the trainer's stays its own
+        told += [v for v in environ if v in (b"OPENAI_API_KEY=" + key, b"RL_TRAIN_TASK=peek 345+678=")]
+    assert sorted(set(told)) == [b"OPENAI_API_KEY=" + key, b"RL_TRAIN_TASK=peek 345+678="]  # by environment
     stopped = time.monotonic()
     stop.set()
-    runner.join(timeout=10)
-    assert not runner.is_alive() and time.monotonic() - stopped < 5
-    trajectories, _ = result[0]
-    assert [t.stop_reason for t in trajectories] == ["aborted"] * 3
-    assert not _alive(pid) and len(_store(engine)) == 0
+    run.thread.join(timeout=10)
+    assert not run.thread.is_alive() and time.monotonic() - stopped < 5
+    assert [t.stop_reason for t in run.result[0]] == ["aborted"] * 3
+    assert _all_gone(pids) and len(_store(engine)) == 0
+
+
+def test_an_agent_reaches_the_gateway_and_nothing_else(engine, tokenizer, agent_cmd) -> None:
+    """Sandboxed, it cannot connect to another listener on the trainer's loopback, nor see the
+    trainer's process; it still answers through the gateway."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.5)
+    try:
+        cfg = AgentConfig(gateway_command=agent_cmd, gateway_timeout_s=30)
+        [trajectory], _ = _run(engine, _starts(tokenizer, [f"probe {listener.getsockname()[1]} {os.getpid()}"]), cfg)
+        with pytest.raises(TimeoutError):
+            listener.accept()[0].close()  # nobody came
+    finally:
+        listener.close()
+    assert trajectory.stop_reason == "eos"  # exit 0: refused, the trainer unseen, and the gateway answered
 
 
 def test_a_failing_agent_costs_only_its_own_prompt_and_no_session_leaks(engine, tokenizer, agent_cmd) -> None:
-    cfg = AgentConfig(gateway_command=agent_cmd, gateway_timeout_s=LIMIT_S)
+    limit_s = 2.5  # time for five sandboxes to start on a loaded machine; still short of the sleeper's 6 s
+    cfg = AgentConfig(gateway_command=agent_cmd, gateway_timeout_s=limit_s)
     starts = _starts(tokenizer, ["good 1+1=", "crash", "silent", "sleep 2+2=", "good 3+3="])
     trajectories, took = _run(engine, starts, cfg)
-    assert took < LIMIT_S + gateway_runs.GRACE_S + SLACK_S
+    assert took < limit_s + gateway_runs.GRACE_S + 2 < 6
     assert [t.stop_reason for t in trajectories] == ["eos", FAILED, FAILED, FAILED, "eos"]
     assert trajectories[0].response_ids and trajectories[4].response_ids
     assert len(_store(engine)) == 0

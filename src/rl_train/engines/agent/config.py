@@ -46,11 +46,13 @@ class AgentConfig(StrictModel):
     tool_threads: int = Field(16, ge=1)
     """tool_agent: tool calls run side by side on this many threads (a call waits for a free one); gateway_agent: agents run at once."""
     gateway_mode: Literal["process", "in_process"] = "process"
-    """gateway_agent: how an agent runs. process: gateway_command, in a process group of its own, killed as a group at gateway_timeout_s plus a grace; in_process: gateway_program on a thread of the replica (trusted code only: a thread cannot be killed, so at the deadline its session is closed and the thread abandoned)."""
+    """gateway_agent: how an agent runs. process: gateway_command, in a sandbox (the sandbox section) and a process group of its own, killed as a group at gateway_timeout_s plus a grace; in_process: gateway_program on a thread of the replica (trusted code only: a thread cannot be killed, so at the deadline its session is closed and the thread abandoned)."""
     gateway_command: list[str] = Field(default_factory=lambda: list(DEFAULT_GATEWAY_COMMAND))
     """gateway_agent (process): the agent's argv; {python} is the replica's interpreter. The agent reads the gateway's URL from OPENAI_BASE_URL, its session's key from OPENAI_API_KEY and its task from RL_TRAIN_TASK (never argv); the rest of the replica's environment is not passed on but PATH, PYTHONPATH and the locale."""
     gateway_program: str = ""
     """gateway_agent (in_process only): the agent as a module:function, called as f(base_url, api_key, task) on a thread (e.g. rl_train.examples.calculator_agent:run)."""
+    gateway_memory_mb: int = Field(2048, ge=64)
+    """gateway_agent (process): address space of each of the agent's processes in its sandbox, MiB (RLIMIT_AS); the sandbox section's other limits apply as they are."""
     gateway_timeout_s: float = Field(300.0, gt=0)
     """gateway_agent: longest one agent may take. Its session is then closed (further requests: 410) and a process agent's group is killed a grace later; the agent fails its own prompt, which is retried or refilled like any failed rollout."""
 

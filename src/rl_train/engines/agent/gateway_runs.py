@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rl_train.engines.agent.agent_process import AgentProcess, agent_env, start_agent
+from rl_train.engines.agent.agent_process import AgentProcess, agent_env, agent_limits, start_agent
 from rl_train.engines.agent.agent_threads import AgentThread, Program, StuckThreadsError, load_program
 from rl_train.engines.agent.batcher import MicroBatcher
 from rl_train.engines.agent.gateway_core import GatewayCore
@@ -39,6 +39,7 @@ from rl_train.engines.agent.loop import AgentState, AgentTrajectory
 from rl_train.engines.agent.registry import FAILED
 from rl_train.engines.agent.sessions import SessionError
 from rl_train.engines.rollout.protocol import SamplingParams
+from rl_train.engines.sandbox import SandboxConfig
 
 if TYPE_CHECKING:
     from rl_train.engines.agent.config import AgentConfig
@@ -129,9 +130,17 @@ class GatewayBatch:
     """One batch of gateway agents on one replica's gateway (see the module's docstring)."""
 
     def __init__(
-        self, server: GatewayServer, tokenizer: Any, params: SamplingParams, cfg: AgentConfig, stop: threading.Event | None
+        self,
+        server: GatewayServer,
+        tokenizer: Any,
+        params: SamplingParams,
+        cfg: AgentConfig,
+        stop: threading.Event | None,
+        sandbox: SandboxConfig | None = None,
     ) -> None:
         self.server, self.core, self.tokenizer, self.cfg, self.stop = server, server.core, tokenizer, cfg, stop
+        self.allow_unsandboxed = (sandbox or SandboxConfig()).allow_unsandboxed
+        self.limits = agent_limits(cfg.gateway_timeout_s, GRACE_S, cfg.gateway_memory_mb)
         self.sampling = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
         self.launch: Callable[[str, str, str], _ProcessAgent | _ThreadAgent] = self._process_agent
         if cfg.gateway_mode == "in_process":
@@ -161,7 +170,9 @@ class GatewayBatch:
 
     def _process_agent(self, rid: str, token: str, task: str) -> _ProcessAgent:
         argv = [part.replace("{python}", sys.executable) for part in self.cfg.gateway_command]
-        return _ProcessAgent(start_agent(argv, agent_env(self.server.base_url, token, task)))
+        env = agent_env(self.server.base_url, token, task)  # the sandbox's 127.0.0.1:port is the gateway
+        gateway = (self.server.host, self.server.port)
+        return _ProcessAgent(start_agent(argv, env, self.limits, gateway, self.allow_unsandboxed))
 
     def _thread_agent(self, program: Program) -> Callable[[str, str, str], _ThreadAgent]:
         def launch(rid: str, token: str, task: str) -> _ThreadAgent:
@@ -243,6 +254,8 @@ def run_gateway_agents(
     params: SamplingParams,
     cfg: AgentConfig,
     stop: threading.Event | None = None,
+    sandbox: SandboxConfig | None = None,
 ) -> list[AgentTrajectory]:
-    """One trajectory per start, in order: the agent's session, or a ``FAILED`` or ``aborted`` one."""
-    return GatewayBatch(gateway_for(engine), engine.tokenizer, params, cfg, stop).run(starts)
+    """One trajectory per start, in order: the agent's session, or a ``FAILED`` or ``aborted`` one.
+    ``sandbox``: the run's ``sandbox`` section (None: its defaults, a sandbox required)."""
+    return GatewayBatch(gateway_for(engine), engine.tokenizer, params, cfg, stop, sandbox).run(starts)
