@@ -2,7 +2,7 @@
 # Install everything the test suite needs into .venv and run it (the README's test command).
 # On a fresh machine this is all the set-up there is: CPU torch from its pinned wheel, the test
 # tools, megatron-core (its CPU tests), the CPU build of Mooncake (and, as root, the
-# libibverbs1 system library it loads).
+# libibverbs1 system library it loads) and bubblewrap, the sandbox of untrusted code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +13,16 @@ if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
     # only the gpu and slow markers may skip a test (tests/skip_policy.py): these fail without it
     echo "note: libibverbs1 is missing and this is not root: the Mooncake tests will fail;" \
       "install it with: sudo apt-get install -y libibverbs1" >&2
+  fi
+fi
+
+# the sandbox tests run untrusted code under bubblewrap (engines/sandbox)
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "note: bubblewrap is missing and this is not root: the sandbox tests will fail;" \
+      "install it with: sudo apt-get install -y bubblewrap" >&2
   fi
 fi
 

@@ -185,6 +185,7 @@ def _train(args: argparse.Namespace) -> int:
         args.overrides = [*args.overrides, *pinned]
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
     startup_clock.mark("config")
+    from rl_train.engines.sandbox import SandboxUnavailable
     from rl_train.storage.dataset import DatasetError
     from rl_train.storage.metrics import RunDirectoryExistsError
 
@@ -193,7 +194,7 @@ def _train(args: argparse.Namespace) -> int:
     except DatasetError as exc:
         print(f"rl-train: bad dataset: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, RunDirectoryExistsError) as exc:
+    except (FileNotFoundError, RunDirectoryExistsError, SandboxUnavailable) as exc:
         print(f"rl-train: {exc}", file=sys.stderr)
         return 2
     startup_clock.mark("inputs")
@@ -267,14 +268,16 @@ def _eval(args: argparse.Namespace) -> int:
 def check_inputs(config: Config) -> None:
     """Everything a user gets wrong first, checked before a flow run or Ray starts: the model
     path, every dataset row (built-in data is written first) and that a reward function takes
-    its data_source, and the run directory.
+    its data_source, that a sandbox can start where the run would execute untrusted code, and
+    the run directory.
 
-    Raises ``FileNotFoundError``, ``DatasetError`` or ``RunDirectoryExistsError``. The run
+    Raises ``FileNotFoundError``, ``DatasetError``, ``SandboxUnavailable`` or ``RunDirectoryExistsError``. The run
     directory comes last and is only inspected (fresh, resume or overwrite: ``plan_run_start``);
     the trainer acts on it when it starts.
     """
     from rl_train.engines.agent.config import check_agent_loop
     from rl_train.engines.reward.rules import route_reward_fn
+    from rl_train.engines.sandbox import require_sandbox
     from rl_train.flows.resume import plan_run_start
     from rl_train.storage.dataset import load_prompts
 
@@ -289,9 +292,16 @@ def check_inputs(config: Config) -> None:
         from rl_train.storage.builtin_data import write_builtin_task
 
         write_builtin_task(data.builtin_task, data.data_dir, seed=config.run.seed)
-    load_prompts(data.resolved_train_files(), check_data_source=route_reward_fn, check_agent_name=check_agent_loop)
+    loops = {config.rollout.agent.default, *config.rollout.agent.by_data_source.values()}
+
+    def agent_loop(name: str) -> str:
+        loops.add(check_agent_loop(name))
+        return name
+
+    load_prompts(data.resolved_train_files(), check_data_source=route_reward_fn, check_agent_name=agent_loop)
     if needs_val:
-        load_prompts(data.resolved_val_files(), check_data_source=route_reward_fn, check_agent_name=check_agent_loop)
+        load_prompts(data.resolved_val_files(), check_data_source=route_reward_fn, check_agent_name=agent_loop)
+    require_sandbox(config.untrusted_code(loops), config.sandbox.allow_unsandboxed)
     plan_run_start(config, f"{config.run.output_dir.rstrip('/')}/{config.run.name}")
 
 

@@ -18,6 +18,7 @@ from rl_train.engines.agent.config import AgentConfig
 from rl_train.engines.rollout.registry import RolloutEngineName
 from rl_train.engines.rollout.sglang.config import SglangConfig
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
+from rl_train.engines.sandbox import SandboxConfig
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.critic_config import CriticConfig, check_critic_enable
 from rl_train.engines.weight_sync.config import WeightSyncConfig
@@ -180,6 +181,17 @@ class Config(StrictModel):
     """Ray placement."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     """Checkpoints and resume: cadence, location, retention."""
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    """Untrusted code (the python tool's programs, agent commands): run under bubblewrap, with these limits."""
+
+    def untrusted_code(self, agent_loops: set[str]) -> list[str]:
+        """What of this run executes code nobody vetted, given the agent loops its prompts use."""
+        uses = []
+        if "tool_agent" in agent_loops:
+            uses.append("the python tool (agent loop tool_agent)")
+        if "gateway_agent" in agent_loops and self.rollout.agent.gateway_mode == "process":
+            uses.append("rollout.agent.gateway_command (agent loop gateway_agent)")
+        return uses
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Config:

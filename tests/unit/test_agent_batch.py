@@ -60,7 +60,7 @@ def _released_tool(monkeypatch: pytest.MonkeyPatch, name: str, why: str) -> thre
     """A tool ``name`` that answers "late" once the returned event is set (fails after 5 s: ``why``)."""
     released = threading.Event()
 
-    def slow(arguments: dict, timeout_s: float) -> str:
+    def slow(arguments: dict, timeout_s: float, sandbox: object) -> str:
         assert released.wait(timeout=5), why
         return "late"
 
@@ -226,7 +226,7 @@ def test_the_tool_calls_of_a_round_run_side_by_side(tokenizer, monkeypatch: pyte
     """Two calls that each wait for the other: they only both answer if they run at once."""
     meeting = threading.Barrier(2)
 
-    def meet(arguments: dict, timeout_s: float) -> str:
+    def meet(arguments: dict, timeout_s: float, sandbox: object) -> str:
         meeting.wait(timeout=5)
         return "met"
 

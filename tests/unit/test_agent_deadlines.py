@@ -22,6 +22,7 @@ from rl_train.engines.agent.config import AgentConfig
 from rl_train.engines.agent.registry import FAILED
 from rl_train.engines.model.tokenizer import build_char_tokenizer
 from rl_train.engines.rollout.protocol import GenerationRequest, GenerationResult, SamplingParams
+from rl_train.engines.sandbox import SandboxUnavailable, sandbox_problem
 from rl_train.engines.workers.rollout_batch import RolloutBatch
 
 LIMIT_S = 1.0
@@ -331,6 +332,38 @@ def test_stop_ends_in_process_agents_at_once(engine, tokenizer, tmp_path: Path, 
     while len(stopped_agent_program.answers) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert stopped_agent_program.answers == [410, 410]
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """A host where bubblewrap is not found."""
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    sandbox_problem.cache_clear()
+    yield
+    sandbox_problem.cache_clear()
+
+
+def test_without_a_sandbox_agent_processes_are_refused_unless_allowed(
+    engine, tokenizer, agent_cmd, no_bwrap: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = AgentConfig(gateway_command=agent_cmd, gateway_timeout_s=30)
+    with pytest.raises(SandboxUnavailable, match=r"sandbox\.allow_unsandboxed: true"):
+        _run(engine, _starts(tokenizer, ["good 1+1="]), cfg)
+    assert len(_store(engine)) == 0  # the session opened for it is closed
+    with caplog.at_level(logging.WARNING):
+        [trajectory], _ = _run(engine, _starts(tokenizer, ["good 1+1="]), cfg.with_sandbox({"allow_unsandboxed": True}))
+    assert trajectory.stop_reason == "eos" and "WITHOUT a sandbox" in caplog.text
+
+
+def test_in_process_gateway_agents_need_no_sandbox_at_start(tmp_path: Path, no_bwrap: None) -> None:
+    from rl_train.cli import check_inputs
+
+    overrides = [f"run.output_dir={tmp_path / 'runs'}", f"data.data_dir={tmp_path / 'data'}", "rollout.agent.default=gateway_agent"]
+    with pytest.raises(SandboxUnavailable, match=r"rollout\.agent\.gateway_command"):
+        check_inputs(load_config(None, overrides))  # the default: the calculator agent as a process
+    in_process = ["rollout.agent.gateway_mode=in_process", "rollout.agent.gateway_program=rl_train.examples.calculator_agent:run"]
+    check_inputs(load_config(None, [*overrides, *in_process]))
 
 
 @pytest.mark.parametrize(

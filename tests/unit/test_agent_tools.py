@@ -18,14 +18,7 @@ def test_the_built_in_tools_are_registered() -> None:
 
 @pytest.mark.parametrize(
     ("expression", "value"),
-    [
-        ("12+30", "42"),
-        ("(2+3)*4", "20"),
-        ("7/2", "3.5"),
-        ("-3**2", "-9"),
-        ("2**10 % 1000", "24"),
-        ("9 // 2", "4"),
-    ],
+    [("12+30", "42"), ("(2+3)*4", "20"), ("7/2", "3.5"), ("-3**2", "-9"), ("2**10 % 1000", "24"), ("9 // 2", "4")],
 )
 def test_the_calculator_computes(expression: str, value: str) -> None:
     result = run_tool("calculator", {"expression": expression}, 1.0)
@@ -109,9 +102,7 @@ def test_a_tool_call_does_not_check_the_schema_again(monkeypatch: pytest.MonkeyP
     checks: list[object] = []
     real = jsonschema.Draft202012Validator.check_schema
     monkeypatch.setattr(
-        jsonschema.Draft202012Validator,
-        "check_schema",
-        classmethod(lambda cls, s: checks.append(s) or real(s)),
+        jsonschema.Draft202012Validator, "check_schema", classmethod(lambda cls, s: checks.append(s) or real(s))
     )
     assert run_tool("calculator", {"expression": "2+3"}, 1.0).text == "5"
     assert run_tool("calculator", {"expression": 5}, 1.0).error

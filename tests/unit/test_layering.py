@@ -56,7 +56,7 @@ config.py imports ``MODES`` at run time, so modes.py sits below it."""
 GPU_ONLY = ("sglang", "megatron", "mooncake", "vllm")
 CORE = {"rl_train.algorithms", "rl_train.registry"}
 """Pure code: the algorithms import nothing of rl_train but themselves and the registry."""
-SANDBOX_ALLOWED = {"rl_train.engines.sandbox", "rl_train.algorithms.config"}
+SANDBOX_ALLOWED = ("rl_train.engines.sandbox", "rl_train.algorithms.config")
 """The sandbox (``engines/sandbox``) is a leaf among the engines: it imports nothing of rl_train
 but itself and the config base, and its shim (run by path inside the sandbox, under ``-I``)
 imports nothing of rl_train at all."""
@@ -131,9 +131,7 @@ def rank_violations(
         source = _unit(path, root)
         for imp in _imports(path, root):
             target = _unit(imp.module, root)
-            if (
-                target is None or target == source or not {source, target} <= set(ranks)
-            ):  # unranked: see above
+            if target is None or target == source or not {source, target} <= set(ranks):  # unranked: see above
                 continue
             if ranks[target] < ranks[source]:  # down the ranks
                 continue
@@ -156,9 +154,7 @@ def test_every_folder_and_module_has_a_rank() -> None:
 def test_imports_point_down_the_ranks() -> None:
     problems, used = rank_violations(PACKAGE, RANKS, TYPE_ONLY_UPWARD)
     assert not problems, "\n".join(problems)
-    assert used == set(TYPE_ONLY_UPWARD), (
-        f"type-only exceptions no import needs: {set(TYPE_ONLY_UPWARD) - used}"
-    )
+    assert used == set(TYPE_ONLY_UPWARD), f"type-only exceptions no import needs: {set(TYPE_ONLY_UPWARD) - used}"
 
 
 def test_the_checks_catch_an_upward_import_and_an_unranked_folder(tmp_path: Path) -> None:
@@ -203,8 +199,7 @@ def test_the_sandbox_is_a_leaf_and_its_shim_stands_alone() -> None:
         f"{imp.path.relative_to(REPO)}:{imp.line} imports {imp.module}"
         for path in sandbox.rglob("*.py")
         for imp in _imports(path)
-        if imp.module.split(".")[0] == "rl_train"
-        and (path.name == "shim.py" or not any(imp.module.startswith(a) for a in SANDBOX_ALLOWED))
+        if imp.module.split(".")[0] == "rl_train" and (path.name == "shim.py" or not imp.module.startswith(SANDBOX_ALLOWED))
     ]
     assert sandbox.is_dir() and not problems, "\n".join(problems)
 

@@ -106,7 +106,8 @@ def score_policy(
     """Each dataset's reward mean, answer count and first few answers."""
     config, settings = target.config, target.settings
     evaluator = PolicyEvaluator(
-        policy_dir, engine=config.rollout.engine, seed=config.run.seed, agent=config.rollout.agent.model_dump()
+        policy_dir, engine=config.rollout.engine, seed=config.run.seed, agent=config.rollout.agent.model_dump(),
+        sandbox=config.sandbox.model_dump(),
     )
     scored = {}
     for name, rows in prompts.items():

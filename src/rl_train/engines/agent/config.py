@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from rl_train.algorithms.config import StrictModel
 from rl_train.engines.agent.registry import AGENT_LOOPS
+from rl_train.engines.sandbox import SandboxConfig
 
 DEFAULT_GATEWAY_COMMAND = ("{python}", "-m", "rl_train.examples.calculator_agent")
 """The built-in calculator agent, run as a process with the replica's interpreter."""
@@ -91,6 +92,19 @@ class AgentConfig(StrictModel):
                 "is an explicit opt-in (gateway_mode: in_process: a thread that cannot be killed at its deadline); "
                 "a process agent is gateway_command"
             )
+        return self
+
+    _sandbox: SandboxConfig = PrivateAttr(default_factory=SandboxConfig)
+
+    @property
+    def sandbox(self) -> SandboxConfig:
+        """The run's top-level ``sandbox`` section, handed to the loops with this one
+        (``with_sandbox``): how the python tool runs its code."""
+        return self._sandbox
+
+    def with_sandbox(self, sandbox: SandboxConfig | dict[str, Any] | None) -> AgentConfig:
+        """This config, carrying the run's ``sandbox`` section (a dump of it, or None: defaults)."""
+        self._sandbox = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig.model_validate(sandbox or {})
         return self
 
     @field_validator("default")

@@ -39,7 +39,6 @@ from rl_train.engines.agent.loop import AgentState, AgentTrajectory
 from rl_train.engines.agent.registry import FAILED
 from rl_train.engines.agent.sessions import SessionError
 from rl_train.engines.rollout.protocol import SamplingParams
-from rl_train.engines.sandbox import SandboxConfig
 
 if TYPE_CHECKING:
     from rl_train.engines.agent.config import AgentConfig
@@ -136,10 +135,10 @@ class GatewayBatch:
         params: SamplingParams,
         cfg: AgentConfig,
         stop: threading.Event | None,
-        sandbox: SandboxConfig | None = None,
     ) -> None:
         self.server, self.core, self.tokenizer, self.cfg, self.stop = server, server.core, tokenizer, cfg, stop
-        self.allow_unsandboxed = (sandbox or SandboxConfig()).allow_unsandboxed
+        self.allow_unsandboxed = cfg.sandbox.allow_unsandboxed
+        """The run's ``sandbox.allow_unsandboxed`` (``AgentConfig.with_sandbox``)."""
         self.limits = agent_limits(cfg.gateway_timeout_s, GRACE_S, cfg.gateway_memory_mb)
         self.sampling = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
         self.launch: Callable[[str, str, str], _ProcessAgent | _ThreadAgent] = self._process_agent
@@ -254,8 +253,6 @@ def run_gateway_agents(
     params: SamplingParams,
     cfg: AgentConfig,
     stop: threading.Event | None = None,
-    sandbox: SandboxConfig | None = None,
 ) -> list[AgentTrajectory]:
-    """One trajectory per start, in order: the agent's session, or a ``FAILED`` or ``aborted`` one.
-    ``sandbox``: the run's ``sandbox`` section (None: its defaults, a sandbox required)."""
-    return GatewayBatch(gateway_for(engine), engine.tokenizer, params, cfg, stop, sandbox).run(starts)
+    """One trajectory per start, in order: the agent's session, or a ``FAILED`` or ``aborted`` one."""
+    return GatewayBatch(gateway_for(engine), engine.tokenizer, params, cfg, stop).run(starts)

@@ -13,7 +13,9 @@ States: PENDING -> GENERATING <-> PROCESSING_TOOLS -> TERMINATED.
   fails becomes an error observation the model reads; the loop never crashes on it.
 - **Limits.** ``max_turns`` model turns, ``max_response_tokens`` tokens of response (generated
   and observed together), ``tool_timeout_s`` per call; hitting one ends the trajectory with
-  its name as the stop reason.
+  its name as the stop reason. The tool time limit is also kept from here, outside the tool:
+  a call not answered ``TOOL_GRACE_S`` past it is answered with the time-out error, and its
+  thread is left to end (a sandboxed tool's sandbox is killed by then anyway).
 
 A batch of trajectories is stepped together, but no trajectory waits for another's tool: each
 round generates, as one engine batch, every trajectory whose tool has answered by then, while
@@ -49,6 +51,7 @@ from typing import Any
 from rl_train.engines.agent.chat import parse_tool_call, tool_observation
 from rl_train.engines.agent.tools import ToolResult, long_tail_seconds, run_tool
 from rl_train.engines.rollout.protocol import GenerationRequest, RolloutEngine, SamplingParams
+from rl_train.engines.sandbox import GRACE_S, SandboxConfig
 
 
 class AgentState(enum.Enum):
@@ -67,6 +70,8 @@ class AgentLimits:
     """Median of the lognormal delay added to every tool call (0: none)."""
     tool_latency_sigma: float = 1.4
     """Shape of that delay: p99/p50 = exp(2.326 sigma)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """How the python tool runs its code."""
 
     def tool_delay(self, request_id: str, turn: int) -> float:
         """The delay of the call made at ``turn`` of trajectory ``request_id`` (0 when off)."""
@@ -79,6 +84,10 @@ Call = tuple[str, dict[str, Any]] | str
 
 _POLL_SECONDS = 0.02
 """How often a loop waiting on tools looks at its stop event."""
+TOOL_GRACE_S = 2 * GRACE_S
+"""Past its time limit by this much an unanswered tool call is answered with the time-out error:
+later than a sandbox's own kill (``GRACE_S``), so that a program's partial output usually
+comes back first."""
 
 
 @dataclass
@@ -140,6 +149,8 @@ class _ToolWait:
     ready_at: float
     """``time.monotonic()`` from which the answer may be read (the simulated latency, if any)."""
     delay: float
+    deadline: float = float("inf")
+    """``time.monotonic()`` at which a call still running is answered with the time-out error."""
 
 
 class ToolAgentLoop:
@@ -270,8 +281,18 @@ class ToolAgentLoop:
             answer.set_result(ToolResult(text, True))
             delay = min(delay, timeout)
         else:
-            answer = pool.submit(run_tool, call[0], call[1], timeout)
-        return _ToolWait(trajectory, call, answer, time.monotonic() + delay, delay)
+            answer = pool.submit(run_tool, call[0], call[1], timeout, self.limits.sandbox)
+        now = time.monotonic()
+        return _ToolWait(trajectory, call, answer, now + delay, delay, now + timeout + TOOL_GRACE_S)
+
+    def _overran(self, waiting: list[_ToolWait], now: float) -> None:
+        """Answers each call still running past its deadline with the time-out error (its thread
+        goes on alone; the sandbox it runs is killed at its own deadline)."""
+        limit = self.limits.tool_timeout_s
+        for wait_ in waiting:
+            if not wait_.answer.done() and now >= wait_.deadline:
+                wait_.answer = Future()
+                wait_.answer.set_result(ToolResult(f"error: no answer within {limit:g} s", True, limit + TOOL_GRACE_S))
 
     def _answered(
         self,
@@ -289,6 +310,7 @@ class ToolAgentLoop:
             if new:
                 return new + self._answered(waiting, stop, block=False)
             now = time.monotonic()
+            self._overran(waiting, now)
             done = [w for w in waiting if w.answer.done() and w.ready_at <= now]
             if done:
                 for wait_ in done:
@@ -301,6 +323,9 @@ class ToolAgentLoop:
                 return []
             running = [w.answer for w in waiting if not w.answer.done()]
             next_ready = min((w.ready_at for w in waiting if w.answer.done()), default=None)
+            next_deadline = min((w.deadline for w in waiting if not w.answer.done()), default=float("inf"))
+            if next_deadline < float("inf") and (next_ready is None or next_deadline < next_ready):
+                next_ready = next_deadline
             timeout = None if next_ready is None else max(next_ready - now, 0.0)
             if stop is not None or more is not None:
                 timeout = _POLL_SECONDS if timeout is None else min(timeout, _POLL_SECONDS)

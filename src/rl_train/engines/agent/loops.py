@@ -69,8 +69,9 @@ def tool_agent(
     admit: Admit | None = None,
 ) -> list[AgentTrajectory]:
     limits = AgentLimits(
-        cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s, cfg.tool_latency_median_s, cfg.tool_latency_sigma
-    )
+        cfg.max_turns, cfg.max_response_tokens, cfg.tool_timeout_s, cfg.tool_latency_median_s, cfg.tool_latency_sigma,
+        cfg.sandbox,
+    )  # fmt: skip
     loop = ToolAgentLoop(engine, limits, cfg.tool_threads)
     more = None if admit is None else (lambda: [(rid, ids) for rid, ids, _ in admit()])
     return loop.run_batch([(rid, ids) for rid, ids, _ in starts], params, stop, on_done, more)

@@ -108,11 +108,7 @@ def evaluate(expression: str) -> int | float:
         raise ToolError(f"not an arithmetic expression: {expression!r}") from None
 
     def value(node: ast.AST) -> int | float:
-        if (
-            isinstance(node, ast.Constant)
-            and isinstance(node.value, int | float)
-            and not isinstance(node.value, bool)
-        ):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
             inner = value(node.operand)
@@ -130,9 +126,7 @@ def evaluate(expression: str) -> int | float:
             if abs(result) > MAX_MAGNITUDE:
                 raise ToolError(f"the result is larger than {MAX_MAGNITUDE:.0e}")
             return result
-        raise ToolError(
-            f"{type(node).__name__} is not allowed (numbers, + - * / // % ** and parentheses only)"
-        )
+        raise ToolError(f"{type(node).__name__} is not allowed (numbers, + - * / // % ** and parentheses only)")
 
     return value(tree.body)
 

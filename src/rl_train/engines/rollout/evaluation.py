@@ -37,13 +37,19 @@ class PolicyEvaluator:
     """The rollout engine of one HF policy directory and the reward workers' scoring."""
 
     def __init__(
-        self, policy_dir: str | Path, engine: str = "torch", seed: int = 0, agent: dict[str, Any] | None = None
+        self,
+        policy_dir: str | Path,
+        engine: str = "torch",
+        seed: int = 0,
+        agent: dict[str, Any] | None = None,
+        sandbox: dict[str, Any] | None = None,
     ) -> None:
-        """``agent``: the run's ``rollout.agent``, so that each prompt is answered by its loop."""
+        """``agent``: the run's ``rollout.agent``, so that each prompt is answered by its loop;
+        ``sandbox``: the run's ``sandbox``, how its tools run untrusted code."""
         from rl_train.engines.agent.config import AgentConfig
 
         self.engine: RolloutEngine = build_rollout_engine(engine, policy_dir, seed=seed)
-        self.agent = AgentConfig.model_validate(agent or {})
+        self.agent = AgentConfig.model_validate(agent or {}).with_sandbox(sandbox)
         self.reader = RewardWorker(str(policy_dir), tq=None)
         """Only its response reading is used here; its ``score`` goes through a queue actor."""
 

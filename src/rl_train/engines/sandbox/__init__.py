@@ -9,7 +9,7 @@ sandbox is SIGKILLed. ``run_python`` is the ``python`` tool's use of it. Where b
 cannot start, ``spawn`` refuses (``SandboxUnavailable``) unless told ``allow_unsandboxed``.
 """
 
-from rl_train.engines.sandbox.bwrap import SandboxUnavailable, sandbox_problem
+from rl_train.engines.sandbox.bwrap import SandboxUnavailable, require_sandbox, sandbox_problem
 from rl_train.engines.sandbox.config import GRACE_S, Limits, SandboxConfig
 from rl_train.engines.sandbox.process import Sandboxed, spawn
 from rl_train.engines.sandbox.python_tool import SandboxResult, run_python
@@ -21,6 +21,7 @@ __all__ = [
     "SandboxResult",
     "SandboxUnavailable",
     "Sandboxed",
+    "require_sandbox",
     "run_python",
     "sandbox_problem",
     "spawn",

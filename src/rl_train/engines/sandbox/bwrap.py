@@ -15,6 +15,7 @@ where any user of the host could read them: the environment given (an agent's ke
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from rl_train.engines.sandbox.config import Limits
 
+log = logging.getLogger(__name__)
 SANDBOX_UID = 65534
 WORKDIR = "/tmp/work"
 """The program's working folder inside the sandbox (a tmpfs of its own)."""
@@ -125,3 +127,17 @@ def sandbox_problem() -> str | None:
         said = probe.stderr.decode(errors="replace").strip()[-500:] or f"exit code {probe.returncode}"
         return f"{path} cannot make a sandbox here (user namespaces not allowed?): {said}"
     return None
+
+
+def require_sandbox(uses: Sequence[str], allow_unsandboxed: bool) -> None:
+    """At the start of a run: where it would run untrusted code (``uses``, named for the user)
+    and no sandbox can start, ``SandboxUnavailable`` naming the fix, or a warning when
+    ``allow_unsandboxed`` (each run warns again)."""
+    problem = sandbox_problem() if uses else None
+    if problem is None:
+        return
+    if not allow_unsandboxed:
+        raise SandboxUnavailable(f"{', '.join(uses)}: {unavailable_message(problem)}")
+    log.warning(
+        "%s will run WITHOUT a sandbox (sandbox.allow_unsandboxed is true): %s", ", ".join(uses), problem
+    )

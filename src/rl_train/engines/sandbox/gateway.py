@@ -26,7 +26,7 @@ class GatewayRelay:
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
-        self.folder = tempfile.mkdtemp(prefix="rlt-gateway-")
+        self.folder = tempfile.mkdtemp(prefix="rlt-sandbox-gw-")
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -57,8 +57,10 @@ class GatewayRelay:
         self._ready.set()
         async with server:
             await self._stop.wait()
-        for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        relays = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in relays:
             task.cancel()
+        await asyncio.gather(*relays, return_exceptions=True)
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -30,6 +30,7 @@ from rl_train.engines.sandbox.bwrap import (
 )
 from rl_train.engines.sandbox.config import GRACE_S, Limits
 from rl_train.engines.sandbox.gateway import SOCKET_NAME, GatewayRelay
+from rl_train.engines.sandbox.pids import PidsCgroup, pids_cgroup
 
 log = logging.getLogger(__name__)
 Stream = int | IO[bytes] | None
@@ -43,6 +44,17 @@ def _die_with_parent() -> None:
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _child_setup(cgroup: PidsCgroup | None) -> Any:
+    if cgroup is None:
+        return _die_with_parent
+
+    def setup() -> None:
+        cgroup.join()
+        _die_with_parent()
+
+    return setup
+
+
 class Sandboxed:
     """One running sandboxed program (a context manager: leaving it kills, reaps and cleans up).
 
@@ -51,9 +63,15 @@ class Sandboxed:
     ``stdin``, ``stdout`` and ``stderr`` are the pipes asked for with ``subprocess.PIPE``."""
 
     def __init__(
-        self, popen: subprocess.Popen[bytes], limits: Limits, relay: GatewayRelay | None, folder: str | None
+        self,
+        popen: subprocess.Popen[bytes],
+        limits: Limits,
+        relay: GatewayRelay | None,
+        folder: str | None,
+        cgroup: PidsCgroup | None = None,
     ):
         self._popen = popen
+        self._cgroup = cgroup
         self.pid = popen.pid
         self.stdin, self.stdout, self.stderr = popen.stdin, popen.stdout, popen.stderr
         self._relay = relay
@@ -97,6 +115,8 @@ class Sandboxed:
             self._relay.close()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+        if self._cgroup is not None:
+            self._cgroup.remove()
 
     def __enter__(self) -> Sandboxed:
         return self
@@ -141,15 +161,20 @@ def spawn(
     command = [sys.executable, "-I", SHIM, json.dumps(spec), *argv]
     bwrap = bwrap_path()
     fd = args_file(bwrap_options(limits, env, relay.folder if relay else None, visible))
+    cgroup = pids_cgroup(limits.nproc)
     try:
-        popen = _popen(bwrap_command(bwrap or "bwrap", fd, command), {}, None, stdin, stdout, stderr, (fd,))
+        popen = _popen(
+            bwrap_command(bwrap or "bwrap", fd, command), {}, None, stdin, stdout, stderr, (fd,), cgroup
+        )
     except BaseException:
         if relay is not None:
             relay.close()
+        if cgroup is not None:
+            cgroup.remove()
         raise
     finally:
         os.close(fd)
-    return Sandboxed(popen, limits, relay, None)
+    return Sandboxed(popen, limits, relay, None, cgroup)
 
 
 def _spec(limits: Limits) -> dict[str, Any]:
@@ -181,9 +206,9 @@ def _spawn_unsandboxed(
 
 def _popen(
     command: list[str], env: dict[str, str], cwd: str | None, stdin: Stream, stdout: Stream, stderr: Stream,
-    pass_fds: tuple[int, ...],
+    pass_fds: tuple[int, ...], cgroup: PidsCgroup | None = None,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     return subprocess.Popen(
         command, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, pass_fds=pass_fds,
-        start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509
+        start_new_session=True, preexec_fn=_child_setup(cgroup),  # noqa: PLW1509
     )  # fmt: skip

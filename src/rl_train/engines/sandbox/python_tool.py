@@ -33,7 +33,7 @@ sys.addaudithook(guard)
 source = sys.stdin.read()
 exec(compile(source, "<program>", "exec"), {"__name__": "__main__"})
 """
-ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0", "HOME": "/tmp/work", "LANG": "C.UTF-8"}
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"}
 CHUNK_BYTES = 64 << 10
 
 

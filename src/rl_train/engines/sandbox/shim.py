@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 CHUNK_BYTES = 64 << 10
 
 
@@ -73,18 +74,17 @@ async def relay(left: tuple[asyncio.StreamReader, asyncio.StreamWriter], socket_
 
 
 async def run_with_gateway(spec: dict[str, Any], argv: list[str]) -> int:
+    """The shim takes the program's limits itself (a program that took it over would gain
+    nothing) and is not dumpable, so the program, the same user, cannot ptrace it."""
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0)
+    apply_limits(spec)
     server = await asyncio.start_server(
         lambda r, w: relay((r, w), spec["gateway_socket"]), "127.0.0.1", spec["gateway_port"]
     )
-    child = await asyncio.create_subprocess_exec(*argv, preexec_fn=lambda: _child_setup(spec))  # noqa: PLW1509
+    child = await asyncio.create_subprocess_exec(*argv, preexec_fn=set_death_signal)  # noqa: PLW1509
     code = await child.wait()
     server.close()
     return code if code >= 0 else 128 - code
-
-
-def _child_setup(spec: dict[str, Any]) -> None:
-    set_death_signal()
-    apply_limits(spec)
 
 
 def main(args: list[str]) -> int:

@@ -65,6 +65,7 @@ class RolloutPool:
             "engine_options": rollout.engine_options(config.model.impl),
             "device": rollout.device,
             "agent": rollout.agent.model_dump(),
+            "sandbox": config.sandbox.model_dump(),
         }
         return cls(
             [

@@ -64,12 +64,14 @@ class RolloutWorker:
         device: str = "cpu",
         agent: dict[str, Any] | None = None,
         rescue: bool = False,
+        sandbox: dict[str, Any] | None = None,
     ) -> None:
         """``tool_env``: a ``rollout.tool_env`` dump; its tool call follows every train trajectory.
         ``engine``: the registered rollout engine (``rollout.engine``), built with ``engine_options``
         (its own config section, ``rollout.sglang`` for sglang), on ``device`` (``rollout.device``:
         Ray gives the actor its GPU share and sets which GPU it sees). ``agent``: a ``rollout.agent``
-        dump, which agent loop answers each prompt. ``rescue``: the training rank's spare engine
+        dump, which agent loop answers each prompt; ``sandbox``: a ``sandbox`` dump, how its tools
+        run untrusted code. ``rescue``: the training rank's spare engine
         (R-2.7): it samples with the trainer's current weights, not pi_old's, whatever version
         they are tagged with, so its records say ``off_version``."""
         keep_freed_memory()  # before the model: its tensors' pages stay the process's
@@ -91,7 +93,7 @@ class RolloutWorker:
         self._next_push_off_version = False
         self.receiver: WeightReceiver | None = None
         self.tool_latency = ToolEnvConfig(**(tool_env or {})).build()
-        self.agent = AgentConfig.model_validate(agent or {})
+        self.agent = AgentConfig.model_validate(agent or {}).with_sandbox(sandbox)
         self.tool_calls = DelayedCalls()
         self.turns = TurnTakingEngine(self.engine)
         self.loop = GenerationLoop(

@@ -55,6 +55,7 @@ class TrainerPool(RankedPool):
             "rollout_options": config.rollout.engine_options(config.model.impl),
             "model_impl": config.model.impl,
             "agent": config.rollout.agent.model_dump(),
+            "sandbox": config.sandbox.model_dump(),
         }
         groups = {SYNC_GROUP: 1, CHECKPOINT_GROUP: 1}
         ranks = [

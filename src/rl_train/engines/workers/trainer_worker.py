@@ -91,12 +91,14 @@ class TrainerWorker:
         rollout_options: dict[str, Any] | None = None,
         model_impl: str = "auto",
         agent: dict[str, Any] | None = None,
+        sandbox: dict[str, Any] | None = None,
     ) -> None:
         """``rollout_engine`` (with ``rollout_options``), ``tool_env``: what the spare rescue
         engine is built as and meets. With several ranks and no ``dist_address`` the rank
         waits for ``start`` (the pools pass rank 0's ``rendezvous_address`` to every rank).
         ``model_impl``: the torch engine's model code (``model.impl``); ``agent``: the
-        ``rollout.agent`` dump the spare rescue engine answers prompts with."""
+        ``rollout.agent`` dump the spare rescue engine answers prompts with, and ``sandbox`` the
+        run's ``sandbox`` dump its tools run untrusted code under."""
         keep_freed_memory()  # before the model: its tensors' pages stay the process's
         _import_engine_side()
         self.cfg = ActorConfig.model_validate(actor)
@@ -106,6 +108,7 @@ class TrainerWorker:
         self._engine_args = (model_path, horizon_steps, temperature, seed, with_reference)
         self.model_impl = model_impl
         self.agent = agent
+        self.sandbox = sandbox
         # the model is split over the ranks (megatron TP/PP, or FSDP shards): exports are collectives
         split = self.cfg.megatron.tensor_parallel_size * self.cfg.megatron.pipeline_parallel_size
         self._split_model = split > 1 or (self.cfg.fsdp and world_size > 1)
@@ -308,6 +311,7 @@ class TrainerWorker:
                 engine_options=self.rollout_options,
                 agent=self.agent,
                 rescue=True,
+                sandbox=self.sandbox,
             )
         spare = self.spare
         spare.wake_up()
