@@ -255,22 +255,23 @@ def test_an_agent_reaches_the_gateway_and_nothing_else(engine, tokenizer, agent_
 def test_a_failing_agent_costs_only_its_own_prompt_and_no_session_leaks(engine, tokenizer, agent_cmd) -> None:
     limit_s = 2.5  # time for five sandboxes to start on a loaded machine; still short of the sleeper's 6 s
     cfg = AgentConfig(gateway_command=agent_cmd, gateway_timeout_s=limit_s)
-    starts = _starts(tokenizer, ["good 1+1=", "crash", "silent", "sleep 2+2=", "good 3+3="])
+    # the sleeper starts first: the batch ends with its deadline, whatever the others' starts cost
+    starts = _starts(tokenizer, ["sleep 2+2=", "good 1+1=", "crash", "silent", "good 3+3="])
     trajectories, took = _run(engine, starts, cfg)
     assert took < limit_s + gateway_runs.GRACE_S + 2 < 6
-    assert [t.stop_reason for t in trajectories] == ["eos", FAILED, FAILED, FAILED, "eos"]
-    assert trajectories[0].response_ids and trajectories[4].response_ids
+    assert [t.stop_reason for t in trajectories] == [FAILED, "eos", FAILED, FAILED, "eos"]
+    assert trajectories[1].response_ids and trajectories[4].response_ids
     assert len(_store(engine)) == 0
     # the rollout batch writes the good prompts and tags the failed ones for a retry or refill
     batch = RolloutBatch("train", n=1, with_tools=False)
     prompt = {"prompt": "x", "data_source": "arith", "ground_truth": "2"}
     batch.add_groups([f"p{i}" for i in range(5)], [prompt] * 5, ["gateway_agent"] * 5, [ids for _, ids in starts])
     batch.results = trajectories
-    assert [t.request_id for t in batch.unwritten_results()] == ["p0/0", "p4/0"]
-    tags = {f"p{i}/0": {"status": "eos"} for i in (0, 4)}
+    assert [t.request_id for t in batch.unwritten_results()] == ["p1/0", "p4/0"]
+    tags = {f"p{i}/0": {"status": "eos"} for i in (1, 4)}
     unfinished, _, status = batch.final_tags({k: {"token_versions": [1]} for k in tags}, tags)
     assert unfinished == [] and {k: v["status"] for k, v in status.items()} == {
-        "p0": "finished", "p1": "failure", "p2": "failure", "p3": "failure", "p4": "finished",
+        "p0": "failure", "p1": "finished", "p2": "failure", "p3": "failure", "p4": "finished",
     }  # fmt: skip
 
 
