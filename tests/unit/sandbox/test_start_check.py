@@ -99,3 +99,22 @@ def test_a_tool_that_overruns_becomes_a_time_out_observation(
     assert trajectory.tool_calls[0].error and trajectory.stop_reason == "eos"
     observed = tokenizer.decode(trajectory.response_ids, skip_special_tokens=True)
     assert "no answer within 0.5 s" in observed and "too late" not in observed
+
+
+def test_the_runs_sandbox_section_reaches_the_python_tool(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.sandbox, dumped as the pools hand it to a rollout worker, is what the tool runs under."""
+    from rl_train.engines.agent.config import AgentConfig
+    from rl_train.engines.agent.loops import tool_agent
+
+    seen: list[object] = []
+
+    def recording(name: str, arguments: object, timeout_s: float, sandbox: object = None) -> ToolResult:
+        seen.append(sandbox)
+        return ToolResult("1")
+
+    monkeypatch.setattr("rl_train.engines.agent.loop.run_tool", recording)
+    config = load_config(None, ["sandbox.memory_mb=300", "sandbox.allow_unsandboxed=true"])
+    agent = AgentConfig.model_validate(config.rollout.agent.model_dump()).with_sandbox(config.sandbox.model_dump())
+    tokenizer = load_tokenizer(tiny_model_dir)
+    tool_agent(OneCallEngine(tokenizer), [("p/0", [tokenizer.bos_token_id], [])], SamplingParams(), agent)  # type: ignore[arg-type]
+    assert seen == [config.sandbox]
