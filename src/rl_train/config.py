@@ -189,8 +189,8 @@ class Config(StrictModel):
         uses = []
         if "tool_agent" in agent_loops:
             uses.append("the python tool (agent loop tool_agent)")
-        if self.rollout.agent.gateway_command:
-            uses.append("rollout.agent.gateway_command")
+        if "gateway_agent" in agent_loops and self.rollout.agent.gateway_mode == "process":
+            uses.append("rollout.agent.gateway_command (agent loop gateway_agent)")
         return uses
 
     @model_validator(mode="after")

@@ -105,7 +105,8 @@ def test_a_session_only_answers_its_own_token_and_only_grows(gateway) -> None:
     assert (list(mine.trajectory.response_ids), list(mine.transcript)) == before  # type: ignore[union-attr]
     core.end_session("g/a")
     answer = raw.post("/chat/completions", json={"messages": first}, headers={"authorization": f"Bearer {mine.token}"})
-    assert answer.status_code == 401  # an ended session's token opens nothing
+    assert answer.status_code == 410  # an ended session's token opens nothing, and says it ended
+    assert "ended" in answer.json()["error"]["message"]
 
 
 def test_size_and_rate_are_bounded(tokenizer) -> None:

@@ -3,11 +3,16 @@
 It knows nothing of rl-train. It sends the task as a user message with a ``calculator`` tool,
 runs every tool call the model makes with its own calculator, sends the answer back as a tool
 message, and stops at the first reply without a tool call, printing it. Pointed at the
-gateway (``--base-url``, ``--api-key``: the session's URL and token), its conversation becomes a
-training trajectory; pointed at any OpenAI-compatible server, it is just an agent.
+gateway (the session's URL and token), its conversation becomes a training trajectory; pointed
+at any OpenAI-compatible server, it is just an agent.
 
-    python -m rl_train.examples.calculator_agent --base-url http://127.0.0.1:8000/v1 \\
-        --api-key rlt-... --task "345+678="
+It reads where to go and what to do from its environment, as a rollout replica runs it (the
+default ``rollout.agent.gateway_command``): ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and
+``RL_TRAIN_TASK``. The key is never taken from the command line, where every user of the host
+could read it.
+
+    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=rlt-... RL_TRAIN_TASK="345+678=" \\
+        python -m rl_train.examples.calculator_agent
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import ast
 import json
 import operator
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -107,22 +113,22 @@ def _ask(
 
 
 def run(base_url: str, api_key: str, task: str) -> str:
-    """The agent as a rollout replica runs it in process (``rollout.agent.gateway_program``)."""
+    """The agent as a function (``rollout.agent.gateway_mode: in_process``, ``gateway_program``)."""
     return solve(OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120), "rl-train-policy", task)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-url", required=True)
-    parser.add_argument("--api-key", required=True)
-    parser.add_argument("--task", required=True)
     parser.add_argument("--model", default="rl-train-policy")
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
-    client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120)
-    print(solve(client, args.model, args.task, args.max_turns, args.stream, args.seed))
+    missing = [name for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "RL_TRAIN_TASK") if not os.environ.get(name)]
+    if missing:
+        parser.error(f"set {', '.join(missing)} in the environment (the gateway's URL, the session's key, the task)")
+    client = OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"], max_retries=0, timeout=120)
+    print(solve(client, args.model, os.environ["RL_TRAIN_TASK"], args.max_turns, args.stream, args.seed))
     return 0
 
 

@@ -122,7 +122,7 @@ class ReplayBuffer(ReplayBufferBase[GeneratingReplica]):
     ) -> None:
         """Count and log a round's failures; raise ``RolloutFailedError`` at the limit of rounds in a row."""
         self._counts["generation_errors"] += len(errors)
-        first = errors[0] if errors else "the groups were left unfinished without an error"
+        first = errors[0] if errors else "no replica raised: the groups were left unfinished (a failed gateway agent logs why on its replica)"
         limit = self.cfg.max_failure_rounds
         if failed_rounds >= limit:
             raise RolloutFailedError(

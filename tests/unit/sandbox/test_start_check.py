@@ -44,7 +44,7 @@ def test_the_tool_agent_without_a_sandbox_is_refused_at_start(tmp_path: Path, no
 
 
 def test_an_agent_command_without_a_sandbox_is_refused_at_start(tmp_path: Path, no_bwrap: None) -> None:
-    config = load_config(None, _overrides(tmp_path, "rollout.agent.gateway_command=[my-agent]"))
+    config = load_config(None, _overrides(tmp_path, "rollout.agent.default=gateway_agent", "rollout.agent.gateway_command=[my-agent]"))
     with pytest.raises(SandboxUnavailable, match=r"rollout\.agent\.gateway_command.*apt-get install bubblewrap"):
         check_inputs(config)
 

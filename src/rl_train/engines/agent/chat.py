@@ -60,6 +60,11 @@ def observation_ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def prompt_ids(tokenizer: Any, text: str) -> list[int]:
+    """BOS, then the prompt, as a rollout replica encodes a prompt."""
+    return [tokenizer.bos_token_id, *tokenizer.encode(text, add_special_tokens=False)]
+
+
 def generation_spans(mask: list[int]) -> list[list[int]]:
     """``[start, end)`` of each run of generated tokens (mask 1) in the response: one per turn."""
     spans: list[list[int]] = []

@@ -89,4 +89,4 @@ def gateway_agent(
     """Each trajectory is a black-box agent's session on this replica's gateway (R-5.5)."""
     from rl_train.engines.agent.gateway_runs import run_gateway_agents
 
-    return run_gateway_agents(engine, [(rid, ids) for rid, ids, _ in starts], params, cfg)
+    return run_gateway_agents(engine, [(rid, ids) for rid, ids, _ in starts], params, cfg, stop)

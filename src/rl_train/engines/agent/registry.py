@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 Start = tuple[str, list[int], list[int]]
 """(request id, prompt ids, response prefix)."""
 
+FAILED = "failed"
+"""The stop reason of a trajectory whose agent failed (crashed, sent no request, overran its
+deadline): nothing of it is trained on; its prompt alone is tagged ``failure`` and retried or
+refilled as a failed rollout is, while the batch's other prompts keep their trajectories."""
+
 _HOME = "rl_train.engines.agent.loops:"
 
 AGENT_LOOPS: Registry[Entry[AgentLoopFn]] = Registry(
@@ -39,8 +44,9 @@ AGENT_LOOPS: Registry[Entry[AgentLoopFn]] = Registry(
         ),
         "gateway_agent": Entry(
             _HOME + "gateway_agent",
-            "a black-box agent (`gateway_program` or `gateway_command`) talks to the replica's "
-            "OpenAI-compatible gateway; its session is the trajectory.",
+            "a black-box agent (a process group, `gateway_command`, or with `gateway_mode: in_process` a "
+            "thread, `gateway_program`) talks to the replica's OpenAI-compatible gateway; its session is "
+            "the trajectory.",
         ),
     },
 )

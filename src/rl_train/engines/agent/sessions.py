@@ -15,7 +15,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,12 +127,18 @@ class Session:
         return added
 
 
+ENDED_TOKENS_KEPT = 1 << 16
+"""How many ended sessions' tokens are remembered, to answer them 410 rather than 401."""
+
+
 class SessionStore:
     """Open sessions by id and by token; thread-safe."""
 
     def __init__(self, max_requests_per_second: float = 50.0) -> None:
         self._by_id: dict[str, Session] = {}
         self._by_token: dict[str, Session] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        """Tokens of the latest closed sessions: an agent past its deadline is told it has ended."""
         self._lock = threading.Lock()
         self.max_requests_per_second = max_requests_per_second
 
@@ -177,8 +183,11 @@ class SessionStore:
             raise SessionError(401, "missing bearer token: each session has its own (the API key it was given)", "invalid_api_key")
         with self._lock:
             session = self._by_token.get(token.strip())
+            ended = session is None and token.strip() in self._ended
+        if ended:
+            raise SessionError(410, "this session has ended", "session_ended")
         if session is None:
-            raise SessionError(401, "unknown or ended session token", "invalid_api_key")
+            raise SessionError(401, "unknown session token", "invalid_api_key")
         return session
 
     def admit(self, session: Session, now: float | None = None) -> None:
@@ -196,6 +205,9 @@ class SessionStore:
             if session is None:
                 raise SessionError(404, f"no open session {session_id!r}")
             self._by_token.pop(session.token, None)
+            self._ended[session.token] = None
+            while len(self._ended) > ENDED_TOKENS_KEPT:
+                self._ended.popitem(last=False)
         session.ended = True
         return session
 

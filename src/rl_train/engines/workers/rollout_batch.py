@@ -14,10 +14,11 @@ from typing import Any
 
 from rl_train.engines.agent.chat import generation_spans
 from rl_train.engines.agent.loop import AgentTrajectory
-from rl_train.engines.agent.registry import Start
+from rl_train.engines.agent.registry import FAILED, Start
 
 Record = dict[str, Any]
 FINISHED = {"status": "finished", "partial": False}
+FAILURE = {"status": "failure"}
 SINGLE_TURN = "single_turn"
 """The one agent loop that continues a partial trajectory from its tokens (the others start afresh)."""
 
@@ -56,8 +57,8 @@ class PromptGroup:
 
     @property
     def complete(self) -> bool:
-        """Every trajectory it expects has ended, none aborted."""
-        return len(self.ended) >= self.expected and all(t.stop_reason != "aborted" for t in self.ended)
+        """Every trajectory it expects has ended, none aborted or failed."""
+        return len(self.ended) >= self.expected and all(t.stop_reason not in ("aborted", FAILED) for t in self.ended)
 
     @property
     def unfinished(self) -> bool:
@@ -119,8 +120,14 @@ class RolloutBatch:
         """The prompts to tag ``failure`` when the batch fails: all but those already written."""
         return [k for k in dict.fromkeys([*prompt_keys, *self.taken]) if not (k in self.groups and self.groups[k].written)]
 
+    def failed_groups(self) -> set[str]:
+        """The groups one of whose agents failed (``FAILED``): tagged ``failure``, nothing written."""
+        return {group_of(r.request_id) for r in self.results if r.stop_reason == FAILED}
+
     def unwritten_results(self) -> list[AgentTrajectory]:
-        return [r for r in self.results if not self.groups[group_of(r.request_id)].written]
+        """The trajectories to write now: not written early, and not of a failed group."""
+        failed = self.failed_groups()
+        return [r for r in self.results if not self.groups[group_of(r.request_id)].written and group_of(r.request_id) not in failed]
 
     def early_keys(self) -> list[str]:
         """The trajectory keys of the groups written as they finished."""
@@ -134,16 +141,19 @@ class RolloutBatch:
         whose calls are still running, the tags of every group not written early).
 
         An unfinished prompt goes back to ``pending`` and ``partial``, with the oldest version
-        among its tokens; a group with tools stays ``running`` until its deadline; every other
-        one is ``finished``."""
+        among its tokens; a group with a failed agent is ``failure`` (the replay buffer retries
+        or refills it, the others keep theirs); a group with tools stays ``running`` until its
+        deadline; every other one is ``finished``."""
+        failed = self.failed_groups()
         unfinished = sorted({group_of(k) for k, t in tags.items() if t["status"] == "aborted"})
-        done = [k for k, group in self.groups.items() if k not in unfinished and not group.written]
+        done = [k for k, group in self.groups.items() if k not in unfinished and k not in failed and not group.written]
         deadlines = (
             {k: max(float(r.get("tool_done_at", 0.0)) for r in self._stored(k, records)) for k in done}
             if self.with_tools
             else {}
         )
         status: dict[str, Record] = {k: dict(FINISHED) for k in done if k not in deadlines}
+        status.update({k: dict(FAILURE) for k in failed})
         for key in unfinished:
             oldest = min((v for r in self._stored(key, records) for v in r["token_versions"]), default=None)
             status[key] = {"status": "pending", "partial": True}
