@@ -104,7 +104,7 @@ def serve(conn: Connection, size_mb: int) -> None:
 def _serve_raw_mooncake(conn: Connection, nbytes: int, settings: MooncakeConfig) -> None:
     from rl_train.engines.weight_sync.transports.mooncake import start_engine
 
-    engine = start_engine("127.0.0.1", **settings.model_dump())  # the transport's protocol and devices
+    engine = start_engine("127.0.0.1", **settings.model_dump(exclude={"direct"}))  # the transport's protocol and devices
     buffer = torch.zeros(nbytes, dtype=torch.uint8)
     engine.register_memory(buffer.data_ptr(), nbytes)
     conn.send((f"127.0.0.1:{engine.get_rpc_port()}", buffer.data_ptr()))
@@ -136,7 +136,7 @@ def measure_memcpy(weights: dict[str, torch.Tensor], repeats: int) -> float:
 def measure_raw_mooncake(conn: Connection, nbytes: int, repeats: int, settings: MooncakeConfig) -> float:
     from rl_train.engines.weight_sync.transports.mooncake import start_engine
 
-    engine = start_engine("127.0.0.1", **settings.model_dump())
+    engine = start_engine("127.0.0.1", **settings.model_dump(exclude={"direct"}))
     source = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     engine.register_memory(source.data_ptr(), nbytes)
     conn.send(("raw_mooncake", nbytes, settings.model_dump()))

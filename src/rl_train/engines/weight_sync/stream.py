@@ -161,6 +161,9 @@ class StreamSender:
                 (int(header.get("version", 0)), stream, counter["bucket"], index, nbytes),
                 [chunk.to_wire() for chunk in chunks],
             )
+            # tagged here, in the packer's thread, so that the tag of bucket k+1 is taken while
+            # the pusher still moves bucket k: on a link slower than the tag, it costs no time
+            bucket.tag = self._mac.tag(bucket.header, bucket.records, self._pieces(index, nbytes))
             in_flight[index] = self._pusher.submit(self._push, bucket, deadline)
             counter["bucket"] += 1
             counter["bytes"] += nbytes
@@ -182,14 +185,13 @@ class StreamSender:
         return [self._transport.buffers[index][:nbytes]]
 
     def _push(self, bucket: Bucket, deadline: Deadline) -> Bucket:
-        """Tag the bucket's bytes (in this thread, beside the packer) and send it on.
+        """Send a tagged bucket on (in this thread, beside the packer).
 
-        The tag is taken before the transport moves anything: a write into the sender's own
-        buffers after this point (Mooncake lets any peer write registered memory) then fails
+        The tag was taken before the transport moves anything: a write into the sender's own
+        buffers after that point (Mooncake lets any peer write registered memory) then fails
         the receivers' check instead of travelling under a tag that matches it.
         """
         _, _, number, index, nbytes = bucket.header
-        bucket.tag = self._mac.tag(bucket.header, bucket.records, self._pieces(index, nbytes))
         if self._transport.data_before_meta:
             self._transport.push(index, nbytes, deadline)
         self.broadcast(("bucket", index, nbytes, bucket.records, bucket.tag), deadline, f"announcing bucket {number}")
