@@ -167,7 +167,27 @@ def _send_chunked_until_answered(server: GatewayServer, token: str, total_bytes:
                     pending = pending[connection.send(pending) :]
                 except (BrokenPipeError, ConnectionResetError):
                     pending = b""
+        answer += _rest_of_body(connection, answer, deadline)
     return answer, sent
+
+
+def _rest_of_body(connection: socket.socket, answer: bytes, deadline: float) -> bytes:
+    """The body bytes of ``answer`` that had not arrived with its head (they may come in a later
+    segment), up to its ``content-length``, the connection's close or the deadline."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lengths = [line.split(b":", 1)[1] for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+    missing, rest = (int(lengths[0]) - len(body) if lengths else 0), b""
+    while missing > 0 and time.monotonic() < deadline:
+        if not select.select([connection], [], [], 0.05)[0]:
+            continue
+        try:
+            got = connection.recv(65536)
+        except ConnectionResetError:
+            break
+        if not got:
+            break
+        rest, missing = rest + got, missing - len(got)
+    return rest
 
 
 def test_a_chunked_40_mib_body_is_refused_as_soon_as_it_passes_the_cap(tokenizer) -> None:

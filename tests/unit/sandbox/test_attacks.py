@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import rl_train.engines.sandbox as sandbox_package
 from rl_train.engines.sandbox import GRACE_S, Limits, SandboxResult, run_python
 from rl_train.engines.sandbox.pids import OVERHEAD_TASKS
 
@@ -83,7 +84,8 @@ def test_a_connect_to_a_local_listener_fails() -> None:
 
 
 def test_writes_outside_the_sandbox_do_not_reach_the_host(tmp_path: Path) -> None:
-    repo_file = Path(__file__).with_name("written-by-the-sandbox.txt")
+    # beside the sandbox's own code: visible in every sandbox (read-only), wherever the checkout is
+    repo_file = Path(sandbox_package.__file__).with_name("written-by-the-sandbox.txt")
     shm_file = Path(f"/dev/shm/rlw_sandbox_test_{os.getpid()}")
     code = "import os\n" + "".join(
         f"try:\n    os.makedirs({str(p.parent)!r}, exist_ok=True)\n    open({str(p)!r}, 'w').write('x')\n"

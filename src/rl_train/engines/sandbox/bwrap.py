@@ -67,12 +67,16 @@ def bwrap_options(
     hidden = [h for h in HIDDEN if os.path.isdir(h) and not os.path.islink(h)]
     for folder in hidden:
         args += ["--tmpfs", folder]
-    for path in [*needed_paths(), *visible]:
-        if any(path == h or path.startswith(h + "/") for h in hidden):
-            args += ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev"]
     for folder in ("/dev/shm", "/tmp", WORKDIR):
         args += ["--size", tmpfs_bytes, "--tmpfs", folder]
+    # what must stay visible (the interpreter, a venv or checkout under /tmp or a home) is bound
+    # back read-only over the empty mounts, after them, so that they do not cover it again
+    masked = [*hidden, "/dev/shm", "/tmp"]
+    for path in [*needed_paths(), *visible]:
+        under = any(path == m or path.startswith(m + "/") for m in masked)
+        if under and not (path == WORKDIR or path.startswith(WORKDIR + "/")):
+            args += ["--ro-bind", path, path]
     if gateway_dir is not None:
         args += ["--ro-bind", gateway_dir, GATEWAY_DIR]
     args += ["--clearenv"]
