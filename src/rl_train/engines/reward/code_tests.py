@@ -141,7 +141,8 @@ class CodeTestsReward:
         said = [line.split()[1:] for line in ran.stdout.splitlines() if line.startswith(nonce + " ")]
         if ["started"] not in said:
             how = "timed out" if ran.timed_out else f"exited with code {ran.exit_code}"
-            return RewardResult.infra(f"the test harness {how} before the code ran: {ran.stderr[-300:].strip()}")
+            said_last = ran.stderr[-300:].strip()
+            return RewardResult.infra(f"the test harness {how} before the code ran" + (f": {said_last}" if said_last else ""))
         passed = len({words[1] for words in said if len(words) == 2 and words[0] == "pass"} & _indices(num_tests))
         score = passed / num_tests if self.config.scoring == "fraction" else float(passed == num_tests)
         return RewardResult(score, {"tests_passed": float(passed), "tests_total": float(num_tests)})
