@@ -100,6 +100,14 @@ def test_looping_code_fails_its_tests_within_the_limit() -> None:
     assert time.monotonic() - started < 3 * 1.0 + 3.0 + 2 * GRACE_S + 20  # generous: a loaded machine
 
 
+def test_a_batch_runs_in_parallel_sandboxes_and_keeps_its_order() -> None:
+    codes = ["def add(a, b):\n    return a + b", "def add(a, b) return", "def add(a, b):\n    return abs(a) + b"]
+    results = reward(max_parallel=3).score_batch([answer(fenced(code)) for code in codes * 2])
+    assert [r.score for r in results] == [1.0, 0.0, 2 / 3] * 2
+    with pytest.raises(ValueError, match="has tests=None"):  # bad data fails the batch before any run
+        reward().score_batch([answer(fenced(codes[0])), answer("x", tests=None)])
+
+
 def test_a_crash_mid_tests_keeps_the_verdicts_before_it() -> None:
     code = "import os\ndef add(a, b):\n    if a < 0:\n        os._exit(1)\n    return a + b"
     assert reward()(answer(fenced(code))) == RewardResult(1 / 3, {"tests_passed": 1.0, "tests_total": 3.0})

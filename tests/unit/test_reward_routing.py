@@ -135,6 +135,13 @@ def test_a_users_class_is_built_once_and_scores_batches(plugin: str) -> None:
     assert router.reward(f"{plugin}:Batched").batches == [3, 1]  # type: ignore[union-attr]
 
 
+def test_the_configured_rewards_are_built_up_front(plugin: str) -> None:
+    router = RewardRouter(RewardConfig(by_data_source={"a": f"{plugin}:Batched", "b": "numeric"}))
+    router.build_configured()
+    assert sorted(router._built) == [f"{plugin}:Batched", "numeric"]
+    assert router.reward("numeric").rel_tol == 1e-6  # type: ignore[union-attr]  # built from reward.numeric
+
+
 def test_an_infra_result_is_retried_a_bounded_number_of_times(plugin: str) -> None:
     # flaky: infra on its first two calls, then 1.0. Two retries reach the verdict...
     router = RewardRouter(RewardConfig(default=f"{plugin}:flaky", max_infra_retries=2))

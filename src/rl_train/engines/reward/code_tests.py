@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from rl_train.engines.reward.base import RewardResult, Trajectory
@@ -118,6 +119,16 @@ class CodeTestsReward:
         require_sandbox(["the code_tests reward"], sandbox.allow_unsandboxed)
         limits = sandbox.tool_limits(settings.reward.code_tests.timeout_s)
         return cls(settings.reward.code_tests, limits, sandbox.allow_unsandboxed)
+
+    def score_batch(self, trajectories: Sequence[Trajectory]) -> list[RewardResult]:
+        """Each trajectory's result, in order, ``reward.code_tests.max_parallel`` sandboxes at a
+        time (each is a process of its own; the threads only wait on them)."""
+        for trajectory in trajectories:  # bad data fails the batch before anything runs
+            row_tests(trajectory, self.config.tests_field)
+        if len(trajectories) <= 1 or self.config.max_parallel == 1:
+            return [self(t) for t in trajectories]
+        with ThreadPoolExecutor(min(self.config.max_parallel, len(trajectories)), "code-tests") as pool:
+            return list(pool.map(self, trajectories))
 
     def __call__(self, trajectory: Trajectory) -> RewardResult:
         tests = row_tests(trajectory, self.config.tests_field)

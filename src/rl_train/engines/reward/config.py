@@ -28,6 +28,8 @@ class CodeTestsConfig(StrictModel):
     """code_tests: wall-clock limit of one response's run (its code and all its tests), seconds; memory, processes and files are the sandbox section's."""
     test_timeout_s: float = Field(2.0, gt=0)
     """code_tests: limit of one test, seconds; a test past it fails and the next one runs."""
+    max_parallel: int = Field(4, ge=1)
+    """code_tests: sandboxes one reward worker runs at once (each response's run is one)."""
     max_output_bytes: int = Field(64 << 10, ge=1024)
     """code_tests: what is read of the run's stdout and stderr, bytes each (the verdicts are a few bytes per test)."""
 

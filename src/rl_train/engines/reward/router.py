@@ -55,6 +55,12 @@ class RewardRouter:
             f"reward.default, or use a data_source a registered reward is named by ({', '.join(REWARDS.names())})"
         )
 
+    def build_configured(self) -> None:
+        """Build every reward the config names now, so that a worker fails at its start (a
+        user's module that does not import there, a sandbox that cannot start), not mid-run."""
+        for name in sorted(self.settings.reward.names()):
+            self.reward(name)
+
     def reward(self, name: str) -> Reward | BatchReward:
         """The reward ``name``, built at first use (a sandboxed one checks its sandbox then)."""
         if name not in self._built:

@@ -42,6 +42,7 @@ class RewardWorker:
         self.reader = TrajectoryReader(load_response_decoder(model_path))  # transformers only where needed
         self.eos_token_id = self.reader.eos_token_id
         self.router = RewardRouter(RewardConfig.model_validate(reward or {}), SandboxConfig.model_validate(sandbox or {}))
+        self.router.build_configured()
         self.tq = resolve_actor(tq)
 
     def response_text(self, record: dict[str, Any]) -> str:
