@@ -276,7 +276,7 @@ def check_inputs(config: Config) -> None:
     the trainer acts on it when it starts.
     """
     from rl_train.engines.agent.config import check_agent_loop
-    from rl_train.engines.reward.rules import route_reward_fn
+    from rl_train.engines.reward.router import RewardRouter
     from rl_train.engines.sandbox import require_sandbox
     from rl_train.flows.resume import plan_run_start
     from rl_train.storage.dataset import load_prompts
@@ -298,10 +298,16 @@ def check_inputs(config: Config) -> None:
         loops.add(check_agent_loop(name))
         return name
 
-    load_prompts(data.resolved_train_files(), check_data_source=route_reward_fn, check_agent_name=agent_loop)
+    router, rewards = RewardRouter(config.reward, config.sandbox), set()
+
+    def reward_of(data_source: str) -> str:
+        rewards.add(router.route(data_source))
+        return data_source
+
+    load_prompts(data.resolved_train_files(), check_data_source=reward_of, check_agent_name=agent_loop)
     if needs_val:
-        load_prompts(data.resolved_val_files(), check_data_source=route_reward_fn, check_agent_name=agent_loop)
-    require_sandbox(config.untrusted_code(loops), config.sandbox.allow_unsandboxed)
+        load_prompts(data.resolved_val_files(), check_data_source=reward_of, check_agent_name=agent_loop)
+    require_sandbox(config.untrusted_code(loops, rewards), config.sandbox.allow_unsandboxed)
     plan_run_start(config, f"{config.run.output_dir.rstrip('/')}/{config.run.name}")
 
 

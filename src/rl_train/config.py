@@ -7,6 +7,7 @@ allowed, and are raised before anything starts.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rl_train.algorithms.config import AlgorithmConfig, StrictModel
 from rl_train.engines.agent.config import AgentConfig
+from rl_train.engines.reward.config import RewardConfig
 from rl_train.engines.rollout.registry import RolloutEngineName
 from rl_train.engines.rollout.sglang.config import SglangConfig
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
@@ -142,11 +144,6 @@ class RolloutConfig(StrictModel):
         return value
 
 
-class RewardConfig(StrictModel):
-    num_workers: int = Field(1, ge=1)
-    """Reward worker actors; samples are spread across them."""
-
-
 class RayConfig(StrictModel):
     address: str | None = None
     """Ray cluster to join (e.g. ray://head:10001); None starts a local Ray."""
@@ -174,7 +171,7 @@ class Config(StrictModel):
     critic: CriticConfig = Field(default_factory=CriticConfig)
     """Value model for the estimators that read values (gae): switch, optimizer, value loss."""
     reward: RewardConfig = Field(default_factory=RewardConfig)
-    """Reward pool."""
+    """Reward pool and which reward scores each data_source."""
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     """Replay buffer: staleness control, group filter, prefetch, custom sampler."""
     ray: RayConfig = Field(default_factory=RayConfig)
@@ -184,9 +181,12 @@ class Config(StrictModel):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     """Untrusted code (the python tool's programs, agent commands): run under bubblewrap, with these limits."""
 
-    def untrusted_code(self, agent_loops: set[str]) -> list[str]:
-        """What of this run executes code nobody vetted, given the agent loops its prompts use."""
+    def untrusted_code(self, agent_loops: set[str], rewards: AbstractSet[str] = frozenset()) -> list[str]:
+        """What of this run executes code nobody vetted, given the agent loops and the rewards
+        (beside those the reward section names) its prompts use."""
         uses = []
+        if "code_tests" in {*rewards, *self.reward.names()}:
+            uses.append("the code_tests reward (the policy's code run against unit tests)")
         if "tool_agent" in agent_loops:
             uses.append("the python tool (agent loop tool_agent)")
         if "gateway_agent" in agent_loops and self.rollout.agent.gateway_mode == "process":

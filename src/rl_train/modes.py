@@ -122,6 +122,16 @@ def engines_give_same_numbers(data: dict[str, Any]) -> bool:
     )
 
 
+def _async_buffer_errors(config: Config) -> list[str]:
+    """What only the sync buffer does yet."""
+    if config.replay.refill_infra_groups:
+        return [
+            "replay.refill_infra_groups: got true; only the sync mode's buffer refills groups short of "
+            "real scores yet (the async buffers' DAPO filter, replay.filter_groups, evicts them)"
+        ]
+    return []
+
+
 def _separate_async_errors(config: Config) -> list[str]:
     t, errors = config.trainer, []
     mini = config.actor.ppo_mini_batch_size or t.train_batch_size // t.parameter_sync_step
@@ -163,7 +173,7 @@ MODES: Registry[ModeSpec] = Registry(
                 # construction; a group held past its step by a slow tool call is evicted instead.
                 "replay.max_off_policy_threshold": 2,
             },
-            pi_old_copy_errors(False),
+            lambda config: _async_buffer_errors(config) + pi_old_copy_errors(False)(config),
         ),
         "separate_async": ModeSpec(
             "rl_train.flows.separate_async:SeparateAsyncTrainer",
@@ -179,7 +189,7 @@ MODES: Registry[ModeSpec] = Registry(
                 + 1,
                 COPY_PI_OLD: lambda data: copies_are_exact(data, pins_pi_old=True),
             },
-            lambda config: _separate_async_errors(config) + pi_old_copy_errors(True)(config),
+            lambda config: _separate_async_errors(config) + _async_buffer_errors(config) + pi_old_copy_errors(True)(config),
         ),
     },
 )

@@ -38,6 +38,8 @@ NOTES: dict[str, str] = {
     "for k1 and [0, u] for k2/k3.",
     "training engine": "Each passes the engine conformance suite.",
     "rollout engine": "Each passes the rollout conformance suite.",
+    "reward": "Beside these names, reward.by_data_source and reward.default take "
+    "'package.module:function_or_Class': a function of a Trajectory returning a RewardResult or a number.",
     "weight-sync transport": "Used by `bucketed` and `delta`.",
     "agent loop": "A row's `agent_name`, else `rollout.agent.by_data_source`, else `rollout.agent.default`.",
     "tool": "JSON-schema arguments; every failure is an error observation.",

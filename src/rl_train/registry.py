@@ -152,7 +152,7 @@ REGISTRIES = (
     "rl_train.engines.agent.registry:AGENT_LOOPS",
     "rl_train.engines.agent.tools:TOOLS",
     "rl_train.engines.rollout.tool_env:TOOL_ENVS",
-    "rl_train.engines.reward.rules:REWARD_FNS",
+    "rl_train.engines.reward.registry:REWARDS",
     "rl_train.storage.builtin_data:BUILTIN_TASKS",
 )
 """Where every registry lives (``tests/unit/test_registry.py`` finds each ``Registry(...)`` in

@@ -49,7 +49,8 @@ from serve_fixture import kill_marked, wait_for
 
 from rl_train.config import Config
 from rl_train.deployments.eval_schedule import EVAL_DEPLOYMENT
-from rl_train.engines.reward.rules import route_reward_fn
+from rl_train.engines.reward.base import Trajectory
+from rl_train.engines.reward.router import RewardRouter
 from rl_train.flows.eval_target import NoCheckpointError
 from rl_train.flows.evaluate import evaluate_run
 from rl_train.flows.train import run_training
@@ -181,7 +182,7 @@ def test_reward_is_the_score_of_the_policys_greedy_answers(run_dir: Path, tmp_pa
         if tokenizer.eos_token_id in out:
             out = out[: out.index(tokenizer.eos_token_id)]
         answers.append(tokenizer.decode(out, skip_special_tokens=True))
-        rewards.append(route_reward_fn(row["data_source"])(answers[-1], row["ground_truth"]))
+        rewards.append(RewardRouter().score([Trajectory.of_answer(row, answers[-1])])[0].score)
     assert val["reward_mean"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-12)
     assert [s["response"] for s in val["samples"]] == answers[: len(val["samples"])]
     assert [s["reward"] for s in val["samples"]] == rewards[: len(val["samples"])]

@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl_train.config import Config
-from rl_train.engines.reward.rules import route_reward_fn
+from rl_train.engines.reward.base import Trajectory
+from rl_train.engines.reward.router import RewardRouter
 from rl_train.flows.train import run_training
 from rl_train.storage.dataset import load_prompts
 from rl_train.storage.metrics import read_metrics
@@ -45,5 +46,5 @@ def test_the_final_policy_loads_with_transformers_and_scores_the_reported_val_re
             )[0, len(ids) :].tolist()
         answer = out[: out.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in out else out
         text = tokenizer.decode(answer, skip_special_tokens=True)
-        scores.append(route_reward_fn(row["data_source"])(text, row["ground_truth"]))
+        scores.append(RewardRouter().score([Trajectory.of_answer(row, text)])[0].score)
     assert sum(scores) / len(scores) == pytest.approx(reported, abs=1e-12)

@@ -18,6 +18,7 @@ import pytest
 import ray
 
 from rl_train.config import Config, apply_mode_defaults
+from rl_train.engines.reward.metrics import ScoredSample
 from rl_train.engines.workers.pools import WorkerClasses
 from rl_train.engines.workers.reward_worker import RewardWorker
 from rl_train.engines.workers.rollout_worker import RolloutWorker
@@ -58,7 +59,7 @@ class DyingRewardWorker(RewardWorker):
         super().__init__(*args, **kwargs)
         self.calls = 0
 
-    def score(self, partition: str, keys: list[str]) -> list[float]:
+    def score(self, partition: str, keys: list[str]) -> list[ScoredSample]:
         self.calls += 1
         _die_once("reward", self.calls, 3)
         return super().score(partition, keys)

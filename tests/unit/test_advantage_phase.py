@@ -234,3 +234,31 @@ def test_pad_response_names_a_field_whose_length_is_not_the_responses() -> None:
         pad_response(records, "x")
     with pytest.raises(ValueError, match="'x' is None"):
         pad_response([{"response_ids": [5], "x": None}], "x")
+
+
+def test_an_infra_sample_is_left_out_of_its_group_and_trains_no_token() -> None:
+    # Group g: 1, 0 and an infra sample (placeholder reward 0). Left out, g is [1, 0]: mean 0.5,
+    # unbiased std sqrt(0.5), A = +-0.7071, as if the infra sample were absent. Counted as a 0, g
+    # would be [1, 0, 0]: mean 1/3, std sqrt(1/3), A(1) = (2/3) / 0.577 = 1.155 instead.
+    records = [
+        record("g", 1.0, [-1.0, -2.0]),
+        record("g", 0.0, [-0.3]),
+        record("g", 0.0, [-0.4, -0.5], is_infra=True),
+        record("h", 1.0, [-0.1], is_infra=False),
+    ]
+    updates, metrics = phase().compute(records)
+    a = 0.5 / math.sqrt(0.5)
+    assert updates[0]["advantages"] == pytest.approx([a, a], rel=1e-5)
+    assert updates[1]["advantages"] == pytest.approx([-a], rel=1e-5)
+    assert updates[2] == {"advantages": [0.0, 0.0], "response_mask": [0.0, 0.0]}  # no gradient from it
+    assert updates[0]["response_mask"] == [1.0, 1.0] and updates[3]["response_mask"] == [1.0]
+    # 2 tokens at +a, 1 at -a, 1 at 0 (h alone) over the 4 graded tokens; the infra tokens are not graded.
+    assert metrics["advantage/mean"] == pytest.approx(a / 4, rel=1e-5)
+    # Without an infra sample in the batch, nothing but the advantages is written (as before).
+    assert [sorted(u) for u in phase().compute(records[:2])[0]] == [["advantages"]] * 2
+
+
+def test_a_batch_of_only_infra_samples_trains_nothing() -> None:
+    records = [record("g", 0.0, [-1.0], is_infra=True), record("g", 0.0, [-2.0], is_infra=True)]
+    updates, metrics = phase().compute(records)
+    assert updates == [{"advantages": [0.0], "response_mask": [0.0]}] * 2 and metrics["advantage/mean"] == 0.0

@@ -265,6 +265,36 @@ def test_a_multi_turn_record_is_scored_on_its_last_turn(tiny_model_dir: Path, to
     assert reader.response_text(single) == "7"  # a single turn: everything up to end of sequence
 
 
+def test_a_reward_sees_the_prompt_the_turns_the_tool_calls_and_the_row(tiny_model_dir: Path, tokenizer) -> None:
+    """What the reward worker hands a reward of a multi-turn record, and what it writes back:
+    an infra result is flagged, and the group filter then ignores that sample."""
+    from rl_train.algorithms.group_filter import classify_groups
+    from rl_train.engines.reward.base import RewardResult
+    from rl_train.engines.workers.reward_worker import RewardWorker, result_fields
+
+    engine = BatchScript(tokenizer, {"p/0": [_calc("12+30"), "42"]})
+    trajectory = ToolAgentLoop(engine, AgentLimits(max_response_tokens=400)).run("p/0", [1], SamplingParams())  # type: ignore[arg-type]
+    record = {"response_ids": trajectory.response_ids, **agent_fields(trajectory)}
+    record.update(group_id="p", data_source="arith/tool_sum", ground_truth="42", stop_reason="stop")
+    row = {"prompt": "12+30=", "data_source": "arith/tool_sum", "ground_truth": "42", "level": 2}
+    worker = RewardWorker(str(tiny_model_dir), tq=None)
+    seen = worker.reader.trajectory(record, row)
+    assert (seen.prompt, seen.response, seen.ground_truth, seen.extra) == ("12+30=", "42", "42", {"level": 2})
+    assert seen.turns == 2 and [(c.name, c.error) for c in seen.tool_calls] == [("calculator", False)]
+    call = '<tool_call>{"name":"calculator","arguments":{"expression":"12+30"}}</tool_call>'
+    assert seen.graded_text == call + "42"  # both turns, the model's tokens only
+    assert seen.transcript == call + "<tool_response>42</tool_response>42"  # with the tool's answer
+    (sample,) = worker.score_records([record], {"p": row})
+    assert (sample.data_source, sample.result) == ("arith/tool_sum", RewardResult(1.0))
+    assert result_fields(sample.result) == {"reward": 1.0, "is_infra": False}
+    infra = result_fields(RewardResult.infra("sandbox did not start"))
+    assert infra == {"reward": 0.0, "is_infra": True, "infra_reason": "sandbox did not start"}
+    # Group p: 1.0, 0.0 and the infra sample: only two real scores, and they differ.
+    written = [result_fields(RewardResult(1.0)), result_fields(RewardResult(1.0)), infra]
+    verdict = classify_groups([w["reward"] for w in written], ["p"] * 3, [w["is_infra"] for w in written])
+    assert verdict == {"p": False}  # read as a 0, the infra sample would have given the group a gradient
+
+
 def test_agent_metrics_count_turns_calls_errors_and_latency() -> None:
     records = [
         {"agent_turns": 2, "tool_calls": [["calculator", False, 0.01]], "response_mask": [1, 1, 0, 0, 1]},

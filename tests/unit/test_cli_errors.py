@@ -118,13 +118,14 @@ def test_a_bad_val_row_is_caught_when_validation_runs(
     assert flow_spy.calls == ["train_flow"]
 
 
-def test_a_data_source_no_reward_function_takes_is_a_bad_row(
+def test_a_data_source_no_reward_takes_is_a_bad_row(
     tmp_path: Path, flow_spy: FlowSpy, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train = _jsonl(tmp_path / "train.jsonl", [GOOD, {**GOOD, "data_source": "code/python"}])
     assert _train(_config(tmp_path, train)) == 2
     err = capsys.readouterr().err
-    assert f"{train}:row 2: column 'data_source': unknown reward function 'code/python'" in err
+    assert f"{train}:row 2: column 'data_source': no reward for data_source 'code/python'" in err
+    assert "reward.by_data_source" in err and "reward.default" in err  # the fix is named
     assert flow_spy.calls == []
 
 

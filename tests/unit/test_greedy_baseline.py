@@ -84,3 +84,21 @@ def test_a_prompt_without_a_scored_greedy_answer_fails_loudly() -> None:
     staged = tq.stage_greedy_prompts("b")
     with pytest.raises(KeyError, match=r"no greedy answer was scored for prompt\(s\) \['p1'\]"):
         tq.set_baseline_rewards("b", answer_greedily(tq, staged[:1], {"p0": 1.0}))
+
+
+def test_a_greedy_answer_without_a_verdict_leaves_its_prompts_trajectories_out() -> None:
+    # p1's greedy answer is infra: no baseline, so p1's samples are marked is_infra (no advantage)
+    # instead of being measured against a placeholder 0; p0 trains as before.
+    tq = queue_with_batch("remax")
+    greedy = answer_greedily(tq, tq.stage_greedy_prompts("b"), {"p0": 1.0, "p1": 0.0})
+    tq.put(GREEDY_PARTITION, {"p1/0": {"is_infra": True}})
+    metrics = tq.set_baseline_rewards("b", greedy)
+    assert metrics == {"greedy_baseline/reward_mean": 1.0, "greedy_baseline/infra": 1.0}
+    records = tq.get("train", ["p0/0", "p1/0", "p1/1"], ["baseline_reward"], ["is_infra"])
+    assert records == [{"baseline_reward": 1.0}] + [{"baseline_reward": 0.0, "is_infra": True}] * 2
+    assert tq.stats()["tq/greedy_records"] == 0
+    tq.compute_advantages("b")
+    advantages = [r["advantages"] for r in tq.get("train", ["p0/0", "p0/1", "p1/0", "p1/1"])]
+    assert advantages == [pytest.approx([0.0, 0.0]), pytest.approx([-1.0, -1.0]), [0.0, 0.0], [0.0, 0.0]]
+    masks = [r["response_mask"] for r in tq.get("train", ["p0/0", "p0/1", "p1/0", "p1/1"], ["response_mask"])]
+    assert masks == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]  # p1 trains no token

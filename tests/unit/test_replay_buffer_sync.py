@@ -113,3 +113,64 @@ def test_a_prefetch_for_other_groups_is_kept_not_lost_or_repeated() -> None:
     assert tq.get_batch(buffer.sample(3, step=2))["groups"] == [p[0], p[1], p[2]]  # oldest first
     assert tq.query("train", kind="prompt", status="finished") == [p[0], p[1], p[2], p[3], p[4]]
     assert buffer.loader.position == 5  # every prompt drawn once
+
+
+class UnscoredReplica(ScriptedReplica):
+    """Writes the trajectories unscored, as a real rollout replica does."""
+
+    def generate_prompts(self, partition: str, keys: list[str], n: int, params: dict[str, Any]) -> list[str]:
+        self.calls.append(list(keys))
+        records = {f"{k}/{j}": {"group_id": k} for k in keys for j in range(n)}
+        tags = {f"{k}/{j}": {"kind": "trajectory", "status": "eos", "group_id": k} for k in keys for j in range(n)}
+        self.tq.put(partition, records, tags)
+        self.tq.set_tags(partition, {k: {"status": "running"} for k in keys})
+        self.tq.set_tags(partition, {k: {"status": "finished"} for k in keys})
+        return list(records)
+
+
+class InfraScorer:
+    """The reward edge: scores 1 and 0 in each group, but marks both trajectories of an "infra"
+    prompt's group is_infra (its grader failed, R-6.5), and one of a "half" prompt's."""
+
+    def __init__(self, tq: TransferQueue) -> None:
+        self.tq = tq
+        self.calls = 0
+
+    def score(self, partition: str, keys: list[str]) -> list[object]:
+        self.calls += 1
+        groups = {key.rsplit("/", 1)[0] for key in keys}
+        kinds = {g: self.tq.get(partition, [g])[0]["prompt"] for g in groups}
+        fields = {}
+        for key in keys:
+            kind, j = kinds[key.rsplit("/", 1)[0]], int(key.rsplit("/", 1)[1])
+            infra = kind == "infra" or (kind == "half" and j == 0)
+            fields[key] = {"reward": 0.0 if infra else float(j % 2), "is_infra": infra}
+        self.tq.put(partition, fields)
+        return []
+
+
+def test_groups_short_of_real_scores_are_refilled_like_failed_groups() -> None:
+    # Round 1: p0 (mixed, 2 real), p1 (infra, 0 real), p2 (half, 1 real) -> p1, p2 evicted, 2 fresh
+    # prompts p3, p4 (1 each, like a failed group). Round 2: p3 infra again, p4 mixed -> p3 evicted,
+    # p5 drawn. Round 3 (the last, max_filter_rounds=3): p5 infra -> kept, counted as a shortfall.
+    kinds = ["mixed", "infra", "half", "infra", "mixed", "infra", "mixed"]
+    buffer, tq, _, p = make(kinds, refill_infra_groups=True, max_filter_rounds=3)
+    replica = UnscoredReplica(tq)
+    buffer.rollouts = [replica]
+    scorer = buffer.rewards = [InfraScorer(tq)]
+    ready = buffer.dispatch(3, step=1)
+    assert replica.calls == [p[0:3], p[3:5], p[5:6]]
+    assert ready == [p[0], p[4], p[5]] and tq.count("train", group_id=p[1]) == 0
+    assert scorer[0].calls == 3  # scored in each round, before the reward phase
+    metrics = buffer.pop_metrics()
+    assert (metrics["replay/evicted_infra"], metrics["replay/refill"], metrics["replay/infra_shortfall"]) == (3, 3, 1)
+
+
+def test_only_the_sync_buffer_refills_infra_groups() -> None:
+    import pytest
+
+    from rl_train.config import ConfigError, load_config
+
+    assert load_config(None, ["replay.refill_infra_groups=true"]).replay.refill_infra_groups
+    with pytest.raises(ConfigError, match="replay.refill_infra_groups: got true; only the sync mode"):
+        load_config(None, ["trainer.mode=colocate_async", "replay.refill_infra_groups=true"])

@@ -7,7 +7,8 @@ import torch
 
 from rl_train.algorithms.balance import partition_by_tokens
 from rl_train.algorithms.reward_placement import place_on_last_token
-from rl_train.engines.reward.rules import route_reward_fn
+from rl_train.engines.reward.base import Trajectory
+from rl_train.engines.reward.router import RewardRouter
 from rl_train.registry import UnknownNameError
 from rl_train.storage.transfer_queue import TagTransitionError, TransferQueue
 
@@ -67,10 +68,12 @@ def test_balance_evens_tokens_across_ranks() -> None:
 
 
 def test_reward_routing_by_data_source() -> None:
-    fn = route_reward_fn("arith/single_digit_sum")
-    assert fn(" 7 ", "7") == 1.0 and fn("8", "7") == 0.0 and fn("77", "7") == 0.0
-    with pytest.raises(UnknownNameError, match="available: arith"):
-        route_reward_fn("code/python")
+    router = RewardRouter()
+    row = {"prompt": "3+4=", "data_source": "arith/single_digit_sum", "ground_truth": "7"}
+    scores = router.score([Trajectory.of_answer(row, text) for text in (" 7 ", "8", "77")])
+    assert [r.score for r in scores] == [1.0, 0.0, 0.0]
+    with pytest.raises(UnknownNameError, match="no reward for data_source 'code/python'"):
+        router.route("code/python")
 
 
 def test_score_sits_on_the_last_graded_token() -> None:

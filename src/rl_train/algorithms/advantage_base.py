@@ -88,3 +88,33 @@ def outcome_advantage(
 def broadcast_to_tokens(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """[B] -> [B, T]: the sample's value on each of its response tokens, zero elsewhere."""
     return per_sample.unsqueeze(-1) * response_mask.to(per_sample.dtype)
+
+
+def estimate_excluding(
+    estimator: AdvantageFn, inputs: AdvantageInputs, excluded: torch.Tensor, algorithm: AlgorithmConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``estimator`` on the rows not ``excluded`` ([B] bool) only, as if the others were absent:
+    they take no part in any group's baseline or spread, and get zero advantages and returns.
+
+    Why: a sample whose grader failed (``is_infra``, R-6.5) has no score; its placeholder 0
+    would read as a wrong answer and pull its group's baseline down."""
+    if not bool(excluded.any()):
+        return estimator(inputs, algorithm)
+    rows = torch.nonzero(~excluded).squeeze(-1)
+    advantages = torch.zeros_like(inputs.token_level_rewards)
+    returns = torch.zeros_like(inputs.token_level_rewards)
+    if rows.numel() == 0:
+        return advantages, returns
+    kept = rows.tolist()
+    subset = AdvantageInputs(
+        inputs.token_level_rewards[rows],
+        inputs.response_mask[rows],
+        [inputs.group_ids[i] for i in kept],
+        values=None if inputs.values is None else inputs.values[rows],
+        session_ids=None if inputs.session_ids is None else [inputs.session_ids[i] for i in kept],
+        reward_baselines=None if inputs.reward_baselines is None else inputs.reward_baselines[rows],
+    )
+    sub_advantages, sub_returns = estimator(subset, algorithm)
+    advantages[rows] = sub_advantages.to(advantages.dtype)
+    returns[rows] = sub_returns.to(returns.dtype)
+    return advantages, returns

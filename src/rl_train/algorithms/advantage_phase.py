@@ -15,7 +15,9 @@ Records hold response-only per-token lists (``rollout_log_probs``, ``old_log_pro
 4. the registered advantage estimator, its result zeroed outside the RS mask. What it reads
    beyond rewards comes from the records as the estimator declares (``EstimatorNeeds``):
    critic ``values`` (GAE, which then also writes ``returns`` for the critic update) or each
-   trajectory's ``baseline_reward`` (ReMax's greedy baseline).
+   trajectory's ``baseline_reward`` (ReMax's greedy baseline). A sample marked ``is_infra``
+   (its grader failed, R-6.5) is left out of the estimator as if absent from its group, and
+   trains no token (its response mask is written as zeros).
 
 Like verl, a rejected token or sequence keeps its outcome reward in the estimator's input, so a
 rejected sample still counts in its group's baseline; it is only its own advantage (and so its
@@ -31,7 +33,7 @@ from typing import Any
 import torch
 
 from rl_train.algorithms.advantage import ADV_ESTIMATORS, EstimatorNeeds, estimator_needs
-from rl_train.algorithms.advantage_base import AdvantageFn, AdvantageInputs
+from rl_train.algorithms.advantage_base import AdvantageFn, AdvantageInputs, estimate_excluding
 from rl_train.algorithms.config import AlgorithmConfig
 from rl_train.algorithms.kl_controller import KLController, apply_kl_penalty_to_rewards, build_kl_controller
 from rl_train.algorithms.reward_placement import place_on_last_token
@@ -114,13 +116,16 @@ class AdvantagePhase:
             values=self._critic_values(records),
             reward_baselines=self._reward_baselines(records),
         )
-        advantages, returns = self.estimator(inputs, self.algorithm)
+        infra = torch.tensor([bool(r.get("is_infra", False)) for r in records], dtype=torch.bool)
+        if bool(infra.any()):  # no verdict: no gradient, and no place in its group's statistics
+            kept = kept * (~infra).to(kept.dtype).unsqueeze(1)
+        advantages, returns = estimate_excluding(self.estimator, inputs, infra, self.algorithm)
         advantages = advantages * kept
         updates: list[dict[str, Any]] = [{"advantages": a} for a in unpad_response(advantages, records)]
         if self.needs.critic:  # the critic update's targets
             for update, r in zip(updates, unpad_response(returns, records), strict=True):
                 update["returns"] = r
-        if self.correction.rs_rules or self.algorithm.overlong_filter:
+        if self.correction.rs_rules or self.algorithm.overlong_filter or bool(infra.any()):
             for update, m in zip(updates, unpad_response(kept, records), strict=True):
                 update["response_mask"] = m
         if weights is not None:

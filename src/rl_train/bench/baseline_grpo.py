@@ -70,7 +70,7 @@ def load_task(config_path: str | Path, model_path: str | None, data_dir: str | N
     from rl_train.config import load_config
     from rl_train.engines.model.native import load_native
     from rl_train.engines.model.tokenizer import load_tokenizer
-    from rl_train.engines.reward.rules import route_reward_fn
+    from rl_train.engines.reward.router import RewardRouter
     from rl_train.storage.dataset import load_prompts
 
     config = load_config(config_path)
@@ -89,7 +89,7 @@ def load_task(config_path: str | Path, model_path: str | None, data_dir: str | N
         from rl_train.storage.builtin_data import write_builtin_task
 
         write_builtin_task(config.data.builtin_task, folder, seed=config.run.seed)
-    rows = load_prompts([train_file], check_data_source=route_reward_fn)
+    rows = load_prompts([train_file], check_data_source=RewardRouter(config.reward).route)
     return load_native(model_dir), load_tokenizer(model_dir), rows
 
 
@@ -197,8 +197,10 @@ def first_reaching(rewards: list[float], target: float = TARGET, window: int = W
 
 def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
     """Train as the module docstring says; returns the summary (what ``--json`` prints)."""
-    from rl_train.engines.reward.rules import route_reward_fn
+    from rl_train.engines.reward.base import Trajectory
+    from rl_train.engines.reward.router import RewardRouter
 
+    router = RewardRouter()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
     torch.manual_seed(args.seed)
@@ -216,11 +218,12 @@ def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
         batch = rng.sample(rows, args.batch)
         rollout = sample(model, tokenizer, [encode_prompt(tokenizer, r["prompt"]) for r in batch],
                          args.n, args.max_new_tokens, args.temperature, generator)  # fmt: skip
-        scores = [
-            route_reward_fn(row["data_source"])(tokenizer.decode(response, skip_special_tokens=True), row["ground_truth"])
+        answers = [
+            Trajectory.of_answer(row, tokenizer.decode(response, skip_special_tokens=True))
             for index, row in enumerate(batch)
             for response in rollout.responses[index * args.n : (index + 1) * args.n]
         ]
+        scores = [result.score for result in router.score(answers)]
         rewards = torch.tensor(scores).view(args.batch, args.n)
         advantages = group_advantages(rewards).flatten()
         mask = rollout.response_mask.float()

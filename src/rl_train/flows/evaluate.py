@@ -27,7 +27,7 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run as this_flow_run
 
-from rl_train.engines.reward.rules import route_reward_fn
+from rl_train.engines.reward.router import RewardRouter
 from rl_train.engines.rollout.evaluation import PolicyEvaluator
 from rl_train.flows.base import POLICY_DIR
 from rl_train.flows.eval_page import publish_eval
@@ -84,9 +84,8 @@ def evaluate_run(
                 f"checkpoint step {k} of {target.run_dir} is already evaluated: {target.results.step_uri(k)}"
             )
             return EvalOutcome(target, k, target.results.read_step(k) or {}, [])
-        prompts = {
-            name: load_prompts(target.datasets[name], check_data_source=route_reward_fn) for name in pending
-        }
+        router = RewardRouter(target.config.reward, target.config.sandbox)
+        prompts = {name: load_prompts(target.datasets[name], check_data_source=router.route) for name in pending}
         with tempfile.TemporaryDirectory(prefix="rlt-eval-") as tmp:
             try:
                 policy = target.store.download_dir(k, POLICY_DIR, Path(tmp) / step_dir_name(k))
@@ -107,7 +106,7 @@ def score_policy(
     config, settings = target.config, target.settings
     evaluator = PolicyEvaluator(
         policy_dir, engine=config.rollout.engine, seed=config.run.seed, agent=config.rollout.agent.model_dump(),
-        sandbox=config.sandbox.model_dump(),
+        sandbox=config.sandbox.model_dump(), reward=config.reward.model_dump(),
     )
     scored = {}
     for name, rows in prompts.items():

@@ -8,7 +8,8 @@ equal numbers of groups, so a plain mean of their means is the mean over the ste
 How each key combines, by its name:
 
 - counts (``agent/trajectories``, ``agent/tool_calls/<tool>``, ``agent/tool_errors/<tool>``,
-  ``actor/nonfinite_steps``, ``actor/router_replay_tokens``) add up;
+  ``actor/nonfinite_steps``, ``actor/router_replay_tokens``, ``reward/infra_failures``,
+  ``reward/infra_failures/<data_source>`` and ``greedy_baseline/infra``) add up;
 - extremes (``.../max``, ``..._max``; ``.../min``, ``..._min``) take the step's extreme;
 - states that only the end of the step tells (``actor/lr``, ``critic/lr``,
   ``actor/nonfinite_steps_in_row``) take the last update's value;
@@ -21,8 +22,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from statistics import fmean
 
-SUMMED_PREFIXES = ("agent/tool_calls/", "agent/tool_errors/")
-SUMMED = frozenset({"agent/trajectories", "actor/nonfinite_steps", "actor/router_replay_tokens"})
+SUMMED_PREFIXES = ("agent/tool_calls/", "agent/tool_errors/", "reward/infra_failures/")
+SUMMED = frozenset(
+    {
+        "agent/trajectories",
+        "actor/nonfinite_steps",
+        "actor/router_replay_tokens",
+        "reward/infra_failures",
+        "greedy_baseline/infra",
+    }
+)
 LAST = frozenset({"actor/lr", "critic/lr", "actor/nonfinite_steps_in_row"})
 
 

@@ -24,15 +24,16 @@ Dataset files (data.train_files, data.val_files): Parquet (.parquet) or JSON Lin
 (.jsonl/.json, one object per line), one row per prompt. Every row is checked before a run
 starts, and a bad one is reported as file:row N.
   prompt        required, non-empty string: the text the policy continues.
-  data_source   required, non-empty string: routes the row to its reward function, by exact
-                name or by its longest registered prefix before a '/' ('arith/single_digit_sum'
-                uses 'arith').
-  ground_truth  required, string or number (read as a string): what the reward function
-                compares the response with.
+  data_source   required, non-empty string: routes the row to its reward, by exact name or
+                by its longest prefix before a '/', in reward.by_data_source, then among the
+                registered rewards ('arith/single_digit_sum' uses 'arith'), else reward.default.
+  ground_truth  required, string or number (read as a string): what the reward compares
+                the response with.
   agent_name    optional, string: the agent loop that answers the row (single_turn,
                 tool_agent or gateway_agent), over rollout.agent.by_data_source and
                 rollout.agent.default.
-  any other     optional: kept with the row and carried along with its prompt.
+  any other     optional: kept with the row and carried along with its prompt; a reward
+                reads it as Trajectory.extra (code_tests: its tests, column 'tests').
 """
 """The dataset columns as ``rl-train config --docs`` prints them."""
 

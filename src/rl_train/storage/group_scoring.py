@@ -28,12 +28,11 @@ def _read(tq: QueueStore, partition: str, keys: list[str]) -> list[dict[str, Any
     return tq.get(partition, keys, SCORED_FIELDS, OPTIONAL_SCORED_FIELDS)
 
 
-def groups_with_gradient(
+def scored_records(
     tq: QueueStore, rewards: Sequence[RewardScorer], partition: str, groups: list[str], n: int
-) -> dict[str, bool]:
-    """group -> has gradient, scoring unscored trajectories on ``rewards`` (spread across them)."""
-    if not groups:
-        return {}
+) -> list[dict[str, Any]]:
+    """The filter's fields of every trajectory of ``groups``, scoring unscored ones on
+    ``rewards`` first (spread across them)."""
     keys = trajectory_keys(groups, n)
     records = _read(tq, partition, keys)
     if any("reward" not in r for r in records):
@@ -44,9 +43,32 @@ def groups_with_gradient(
             if shard:
                 worker.score(partition, shard)
         records = _read(tq, partition, keys)
+    return records
+
+
+def groups_with_gradient(
+    tq: QueueStore, rewards: Sequence[RewardScorer], partition: str, groups: list[str], n: int
+) -> dict[str, bool]:
+    """group -> has gradient, scoring unscored trajectories on ``rewards`` (spread across them)."""
+    if not groups:
+        return {}
+    records = scored_records(tq, rewards, partition, groups, n)
     verdict = classify_groups(
         [float(r["reward"]) for r in records],
         [r["group_id"] for r in records],
         [bool(r.get("is_infra", False)) for r in records],
     )
     return {g: verdict.get(g, False) for g in groups}
+
+
+def real_score_counts(
+    tq: QueueStore, rewards: Sequence[RewardScorer], partition: str, groups: list[str], n: int
+) -> dict[str, int]:
+    """group -> how many of its trajectories have a real score (not ``is_infra``, R-6.5)."""
+    if not groups:
+        return {}
+    counts = dict.fromkeys(groups, 0)
+    for record in scored_records(tq, rewards, partition, groups, n):
+        if not record.get("is_infra", False):
+            counts[record["group_id"]] += 1
+    return counts

@@ -8,6 +8,7 @@ around the run's Ray actors (``engines/workers``: ``QueueClient``, ``RolloutClie
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -81,6 +82,7 @@ class QueueingReplica(Protocol):
 
 
 class RewardScorer(Protocol):
-    """A reward worker: scores trajectories and writes each ``reward`` onto its record."""
+    """A reward worker: scores trajectories and writes each ``reward`` (and ``is_infra``) onto
+    its record; the buffers read those back, not what it returns."""
 
-    def score(self, partition: str, keys: list[str]) -> list[float]: ...
+    def score(self, partition: str, keys: list[str]) -> Sequence[object]: ...

@@ -13,6 +13,9 @@ with gradient are ready, dispatch stops (draining) and ``sample`` discards the s
 contribute zero advantage) and are counted as ``replay/filter_shortfall``, so a policy that
 solves everything slows down instead of stalling.
 
+Infra failures (R-6.5, opt-in with ``replay.refill_infra_groups`` when the filter is off, which
+evicts them anyway): a group left with fewer than two real scores is replaced by a fresh prompt.
+
 Rollout failures: a replica whose ``generate_prompts`` raises (or dies) does not end the run.
 Every group of the round that did not finish is retried as it is, or evicted and replaced by
 one fresh prompt with ``replay.refill_failed_groups``; the round's errors are counted in
@@ -27,11 +30,13 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from rl_train.storage.group_scoring import groups_with_gradient, trajectory_keys
+from rl_train.storage.group_scoring import groups_with_gradient, real_score_counts, trajectory_keys
 from rl_train.storage.handles import GeneratingReplica, Pending
 from rl_train.storage.replay_base import ReplayBufferBase
 
 PARTITION = "train"
+MIN_REAL_SCORES = 2
+"""A group needs two real scores for a group baseline to say anything (``refill_infra_groups``)."""
 logger = logging.getLogger(__name__)
 
 
@@ -72,7 +77,7 @@ class ReplayBuffer(ReplayBufferBase[GeneratingReplica]):
         generating until that many carry gradient. Returns every group left in the queue."""
         keys = self._generate(num_groups, step)
         if not self.cfg.filter_groups:
-            return keys
+            return self._refill_infra_groups(keys, step) if self.cfg.refill_infra_groups else keys
         ready: list[str] = []
         for round_number in range(1, self.cfg.max_filter_rounds + 1):
             verdict = groups_with_gradient(self.tq, self.rewards, PARTITION, keys, self.n)
@@ -90,6 +95,24 @@ class ReplayBuffer(ReplayBufferBase[GeneratingReplica]):
             keys = self._generate(2 * len(no_gradient), step)
             self._counts["refill"] += len(keys)
         return ready
+
+    def _refill_infra_groups(self, keys: list[str], step: int) -> list[str]:
+        """``replay.refill_infra_groups``: replace each group with fewer than two real scores by
+        a fresh prompt, as a failed group is (R-6.5); after ``max_filter_rounds`` rounds, the
+        groups still short are kept (their infra samples train nothing) and counted."""
+        kept: list[str] = []
+        for round_number in range(1, self.cfg.max_filter_rounds + 1):
+            counts = real_score_counts(self.tq, self.rewards, PARTITION, keys, self.n)
+            short = [k for k in keys if counts[k] < MIN_REAL_SCORES]
+            kept += [k for k in keys if counts[k] >= MIN_REAL_SCORES]
+            if not short or round_number == self.cfg.max_filter_rounds:
+                self._counts["infra_shortfall"] += len(short)
+                return kept + short
+            self._delete(short)
+            self._counts["evicted_infra"] += len(short)
+            keys = self._generate(len(short), step)
+            self._counts["refill"] += len(keys)
+        return kept
 
     def _generate(self, num_groups: int, step: int) -> list[str]:
         """Draw ``num_groups`` prompts and generate them; failed groups are retried or refilled
@@ -224,6 +247,9 @@ class ReplayBuffer(ReplayBufferBase[GeneratingReplica]):
         metrics["replay/retried_failure"] = float(self._counts["retried_failure"])
         metrics["rollout/generation_errors"] = float(self._counts["generation_errors"])
         metrics["rollout/revived_replicas"] = float(self._counts["revived_replicas"])
+        if self.cfg.refill_infra_groups:
+            metrics["replay/evicted_infra"] = float(self._counts["evicted_infra"])
+            metrics["replay/infra_shortfall"] = float(self._counts["infra_shortfall"])
         self._counts.clear()
         return metrics
 

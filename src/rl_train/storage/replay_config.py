@@ -22,6 +22,8 @@ class ReplayConfig(StrictModel):
     """DAPO group filter (R-7.3): evict groups whose valid scores all agree (no gradient); sync refills 2 per evicted group and discards the surplus, async refills 1."""
     max_filter_rounds: int = Field(8, ge=1)
     """sync DAPO filter: generation rounds per batch; then groups without gradient fill what is missing."""
+    refill_infra_groups: bool = False
+    """sync, without the DAPO filter (which evicts them already): a group left with fewer than two real scores (its other samples' graders failed, is_infra) is scored at once, evicted and replaced by a fresh prompt, for up to max_filter_rounds rounds."""
     refill_failed_groups: bool = False
     """Evict failed groups and draw fresh prompts for them (off: a failed prompt is retried as it is)."""
     max_failure_rounds: int = Field(3, ge=1)

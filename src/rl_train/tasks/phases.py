@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from rl_train.engines.reward.metrics import reward_metrics
 from rl_train.engines.workers.weight_sync_link import PendingPush
 from rl_train.tasks.context import join_run
 from rl_train.tasks.retry import phase_task, retrying_phase_task
@@ -45,8 +46,7 @@ def greedy_baseline(run_id: str, batch_id: str) -> dict[str, float]:
 def reward(run_id: str, batch_id: str) -> dict[str, float]:
     """(2) Score every trajectory of the batch on the reward pool."""
     pools = join_run(run_id).pools
-    scores = pools.reward.score("train", pools.queue.batch(batch_id, ["keys"])["keys"])
-    return {"reward/mean": sum(scores) / max(len(scores), 1), "reward/max": max(scores, default=0.0)}
+    return reward_metrics(pools.reward.score("train", pools.queue.batch(batch_id, ["keys"])["keys"]))
 
 
 @retrying_phase_task(name="balance")
@@ -150,9 +150,9 @@ def validate(run_id: str, step: int) -> dict[str, float]:
     }
     keys = list(records)
     trajectories = pools.rollout.generate("val", keys, 1, params)
-    scores = pools.reward.score("val", trajectories)
+    samples = pools.reward.score("val", trajectories)
     queue.delete("val", keys + trajectories)
-    return {"val/reward_mean": sum(scores) / max(len(scores), 1)}
+    return {"val/reward_mean": reward_metrics(samples)["reward/mean"]}
 
 
 PHASES = ("generate", "reward", "balance", "old_log_prob", "ref", "advantage", "update", "weight_sync")

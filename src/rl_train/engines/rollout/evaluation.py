@@ -2,8 +2,8 @@
 
 Evaluating a saved checkpoint needs no Ray pool: one rollout engine (built from the registry,
 as a rollout replica builds its own) answers every prompt, and each answer is scored exactly
-as the run's reward workers score a trajectory: ``RewardWorker.response_text`` reads the
-graded response up to end of sequence and ``route_reward_fn`` picks the grader by the row's
+as the run's reward workers score a trajectory: ``TrajectoryReader`` reads the graded
+response up to end of sequence and the run's ``RewardRouter`` picks the reward by the row's
 ``data_source``. So an evaluation of checkpoint k at the run's validation temperature scores
 what the run's own validation at step k scored.
 """
@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl_train.engines.reward.rules import route_reward_fn
+from rl_train.engines.model.response_decoder import load_response_decoder
+from rl_train.engines.reward.config import RewardConfig
+from rl_train.engines.reward.router import RewardRouter
+from rl_train.engines.reward.trajectory import TrajectoryReader
 from rl_train.engines.rollout.protocol import RolloutEngine, SamplingParams
 from rl_train.engines.rollout.registry import build_rollout_engine
-from rl_train.engines.workers.reward_worker import RewardWorker
+from rl_train.engines.sandbox import SandboxConfig
 
 
 @dataclass(frozen=True)
@@ -43,15 +46,17 @@ class PolicyEvaluator:
         seed: int = 0,
         agent: dict[str, Any] | None = None,
         sandbox: dict[str, Any] | None = None,
+        reward: dict[str, Any] | None = None,
     ) -> None:
         """``agent``: the run's ``rollout.agent``, so that each prompt is answered by its loop;
-        ``sandbox``: the run's ``sandbox``, how its tools run untrusted code."""
+        ``sandbox``: the run's ``sandbox``, how its tools (and the code_tests reward) run
+        untrusted code; ``reward``: the run's ``reward``, which reward scores each data_source."""
         from rl_train.engines.agent.config import AgentConfig
 
         self.engine: RolloutEngine = build_rollout_engine(engine, policy_dir, seed=seed)
         self.agent = AgentConfig.model_validate(agent or {}).with_sandbox(sandbox)
-        self.reader = RewardWorker(str(policy_dir), tq=None)
-        """Only its response reading is used here; its ``score`` goes through a queue actor."""
+        self.reader = TrajectoryReader(load_response_decoder(str(policy_dir)))
+        self.router = RewardRouter(RewardConfig.model_validate(reward or {}), SandboxConfig.model_validate(sandbox or {}))
 
     def encode_prompt(self, text: str) -> list[int]:
         """BOS then the text, as a rollout replica encodes a prompt (``RolloutWorker.encode_prompt``)."""
@@ -74,11 +79,19 @@ class PolicyEvaluator:
             # no stop (an evaluation runs to its end), no early hand-off, no starts queued later
             finished = AGENT_LOOPS.get(loop)(self.engine, starts, params, self.agent, None, None, None)
             results.update((t.request_id, t) for t in finished)
-        answers = []
+        trajectories = []
         for j, i in enumerate(owners):
-            result, row, truth = results[str(j)], prompts[i], str(prompts[i]["ground_truth"])
-            record = {"response_ids": result.response_ids, **(agent_fields(result) if loops[j] != "single_turn" else {})}
-            text = self.reader.response_text(record)
-            reward = float(route_reward_fn(row["data_source"])(text, truth))
-            answers.append(ScoredAnswer(i, row["prompt"], text, truth, reward, result.stop_reason))
-        return answers
+            result, row = results[str(j)], prompts[i]
+            record = {
+                "response_ids": result.response_ids,
+                "data_source": row["data_source"],
+                "ground_truth": str(row["ground_truth"]),
+                "stop_reason": result.stop_reason,
+                **(agent_fields(result) if loops[j] != "single_turn" else {}),
+            }
+            trajectories.append(self.reader.trajectory(record, row))
+        scored = self.router.score(trajectories)
+        return [
+            ScoredAnswer(i, t.prompt, t.response, t.ground_truth, r.score, t.stop_reason)
+            for i, t, r in zip(owners, trajectories, scored, strict=True)
+        ]

@@ -189,15 +189,27 @@ class QueueWorker(TransferQueue):
 
     def set_baseline_rewards(self, batch_id: str, greedy_keys: list[str]) -> dict[str, float]:
         """Write each trajectory's ``baseline_reward`` (its prompt's greedy reward), then delete
-        the greedy prompts and answers; returns the greedy answers' mean reward."""
-        greedy = self.get(GREEDY_PARTITION, greedy_keys, ["group_id", "reward"])
-        baseline = {r["group_id"]: float(r["reward"]) for r in greedy}
+        the greedy prompts and answers; returns the greedy answers' mean reward.
+
+        A greedy answer whose grader failed (``is_infra``, R-6.5) gives no baseline: its
+        prompt's trajectories are marked ``is_infra`` too (the advantage leaves them out) rather
+        than measured against a placeholder 0, and counted in ``greedy_baseline/infra``."""
+        greedy = self.get(GREEDY_PARTITION, greedy_keys, ["group_id", "reward"], ["is_infra"])
+        no_baseline = {r["group_id"] for r in greedy if r.get("is_infra")}
+        baseline = {r["group_id"]: float(r["reward"]) for r in greedy if r["group_id"] not in no_baseline}
         batch = self.get_batch(batch_id)
         keys, partition = batch["keys"], batch["partition"]
         groups = [t["group_id"] for t in self.get_tags(partition, keys)]
-        missing = sorted(set(groups) - set(baseline))
+        missing = sorted(set(groups) - set(baseline) - no_baseline)
         if missing:
             raise KeyError(f"greedy baseline: no greedy answer was scored for prompt(s) {missing}")
-        self.put(partition, {k: {"baseline_reward": baseline[g]} for k, g in zip(keys, groups, strict=True)})
-        self.delete(GREEDY_PARTITION, [*baseline, *greedy_keys])
-        return {"greedy_baseline/reward_mean": sum(baseline.values()) / max(len(baseline), 1)}
+        unknown = {"baseline_reward": 0.0, "is_infra": True, "infra_reason": "its greedy baseline's grader failed"}
+        self.put(
+            partition,
+            {k: unknown if g in no_baseline else {"baseline_reward": baseline[g]} for k, g in zip(keys, groups, strict=True)},
+        )
+        self.delete(GREEDY_PARTITION, [*baseline, *no_baseline, *greedy_keys])
+        metrics = {"greedy_baseline/reward_mean": sum(baseline.values()) / max(len(baseline), 1)}
+        if no_baseline:
+            metrics["greedy_baseline/infra"] = float(len(no_baseline))
+        return metrics

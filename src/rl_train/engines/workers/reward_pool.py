@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
+from rl_train.engines.reward.metrics import ScoredSample
 from rl_train.engines.workers.launched import ActorLauncher
 from rl_train.engines.workers.named_actor import NamedActor
 from rl_train.engines.workers.pending import Actor, RayPending, wait_all
@@ -30,11 +31,11 @@ class RewardClient:
     def __init__(self, actor: Actor) -> None:
         self.actor = actor
 
-    def start_score(self, partition: str, keys: list[str]) -> RayPending[list[float]]:
+    def start_score(self, partition: str, keys: list[str]) -> RayPending[list[ScoredSample]]:
         return RayPending(self.actor.score.remote(partition, keys))
 
-    def score(self, partition: str, keys: list[str]) -> list[float]:
-        """Write ``reward`` on each trajectory of ``keys``; returns the scores in key order."""
+    def score(self, partition: str, keys: list[str]) -> list[ScoredSample]:
+        """Write ``reward`` and ``is_infra`` on each trajectory of ``keys``; returns the results in key order."""
         return self.start_score(partition, keys).wait()
 
 
@@ -44,7 +45,12 @@ class RewardPool:
 
     @classmethod
     def launch(cls, launcher: ActorLauncher, actor_cls: type, config: Config, queue: NamedActor) -> RewardPool:
-        arguments = {"model_path": str(config.model.path), "tq": queue}
+        arguments = {
+            "model_path": str(config.model.path),
+            "tq": queue,
+            "reward": config.reward.model_dump(mode="json"),
+            "sandbox": config.sandbox.model_dump(mode="json"),
+        }
         return cls(
             [
                 RewardClient(
@@ -58,11 +64,11 @@ class RewardPool:
     def rejoin(cls, namespace: str, num_workers: int) -> RewardPool:
         return cls([RewardClient(ray.get_actor(f"reward-{i}", namespace=namespace)) for i in range(num_workers)])
 
-    def score(self, partition: str, keys: list[str]) -> list[float]:
-        """Rewards of ``keys`` spread over the workers (written onto the records), shard by shard."""
+    def score(self, partition: str, keys: list[str]) -> list[ScoredSample]:
+        """Results of ``keys`` spread over the workers (written onto the records), shard by shard."""
         shards = split_keys(keys, len(self.workers))
         parts = wait_all([w.start_score(partition, s) for w, s in zip(self.workers, shards, strict=True) if s])
-        return [score for part in parts for score in part]
+        return [sample for part in parts for sample in part]
 
     def kill(self) -> None:
         kill_actors([w.actor for w in self.workers])

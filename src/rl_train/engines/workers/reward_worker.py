@@ -1,4 +1,11 @@
-"""A reward worker: scores trajectories by their data_source (R-6.1, R-6.2)."""
+"""A reward worker: scores trajectories by their data_source (R-6.1, R-6.2, R-6.5).
+
+It reads only what a reward sees of each trajectory (``TRAJECTORY_FIELDS``, never log-probs or
+versions) and the rows of their prompts, scores them through the run's ``RewardRouter`` and
+writes back ``reward`` and ``is_infra`` (with ``reward_sub_scores`` and ``infra_reason`` where
+there are any). An infra-failed sample's ``reward`` is 0.0 and means nothing: the group filter
+and the advantage read ``is_infra`` and leave it out.
+"""
 
 from __future__ import annotations
 
@@ -7,38 +14,54 @@ from typing import Any
 import ray
 
 from rl_train.engines.model.response_decoder import load_response_decoder
-from rl_train.engines.reward.rules import route_reward_fn
+from rl_train.engines.reward.base import RewardResult
+from rl_train.engines.reward.config import RewardConfig
+from rl_train.engines.reward.metrics import ScoredSample
+from rl_train.engines.reward.router import RewardRouter
+from rl_train.engines.reward.trajectory import OPTIONAL_TRAJECTORY_FIELDS, TRAJECTORY_FIELDS, TrajectoryReader
+from rl_train.engines.sandbox import SandboxConfig
 from rl_train.engines.workers.named_actor import resolve_actor
 
 
+def result_fields(result: RewardResult) -> dict[str, Any]:
+    """What a result writes on its trajectory's record (``is_infra`` always, so that a sample
+    scored again after an infra failure loses the flag)."""
+    fields: dict[str, Any] = {"reward": result.score, "is_infra": result.is_infra}
+    if result.sub_scores:
+        fields["reward_sub_scores"] = dict(result.sub_scores)
+    if result.is_infra:
+        fields["infra_reason"] = result.reason
+    return fields
+
+
 class RewardWorker:
-    def __init__(self, model_path: str, tq: Any) -> None:
-        self.decoder = load_response_decoder(model_path)  # transformers only where needed
-        self.eos_token_id = self.decoder.eos_token_id
+    def __init__(
+        self, model_path: str, tq: Any, reward: dict[str, Any] | None = None, sandbox: dict[str, Any] | None = None
+    ) -> None:
+        """``reward`` and ``sandbox``: the run's sections (dumped), how it scores and runs code."""
+        self.reader = TrajectoryReader(load_response_decoder(model_path))  # transformers only where needed
+        self.eos_token_id = self.reader.eos_token_id
+        self.router = RewardRouter(RewardConfig.model_validate(reward or {}), SandboxConfig.model_validate(sandbox or {}))
+        self.router.build_configured()
         self.tq = resolve_actor(tq)
 
     def response_text(self, record: dict[str, Any]) -> str:
-        """The model's answer: its graded tokens (response_mask == 1) up to end of sequence. A
-        multi-turn trajectory (``agent_turns``) ends each turn with end of sequence, so its
-        answer is its last turn: what the model wrote after the last tool observation."""
-        ids = record["response_ids"]
-        mask = record.get("response_mask") or [1] * len(ids)
-        if "agent_turns" in record:
-            last = max((i for i, graded in enumerate(mask) if not graded), default=-1) + 1
-            ids, mask = ids[last:], mask[last:]
-        kept = []
-        for token, graded in zip(ids, mask, strict=True):
-            if token == self.eos_token_id:
-                break
-            if graded:
-                kept.append(token)
-        return self.decoder.decode(kept)
+        """The model's answer (``TrajectoryReader.response_text``)."""
+        return self.reader.response_text(record)
 
-    def score(self, partition: str, keys: list[str]) -> list[float]:
-        """Write ``reward`` on each trajectory; returns the scores in key order."""
-        records = ray.get(self.tq.get.remote(partition, keys))
-        scores = [
-            route_reward_fn(r["data_source"])(self.response_text(r), r["ground_truth"]) for r in records
-        ]
-        ray.get(self.tq.put.remote(partition, {k: {"reward": s} for k, s in zip(keys, scores, strict=True)}))
-        return scores
+    def score(self, partition: str, keys: list[str]) -> list[ScoredSample]:
+        """Write ``reward`` and ``is_infra`` on each trajectory; returns the results in key order."""
+        records = ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS, OPTIONAL_TRAJECTORY_FIELDS))
+        groups = list(dict.fromkeys(r["group_id"] for r in records))
+        rows = dict(zip(groups, ray.get(self.tq.get.remote(partition, groups)), strict=True))
+        samples = self.score_records(records, rows)
+        fields = {k: result_fields(s.result) for k, s in zip(keys, samples, strict=True)}
+        ray.get(self.tq.put.remote(partition, fields))
+        return samples
+
+    def score_records(self, records: list[dict[str, Any]], rows: dict[str, dict[str, Any]]) -> list[ScoredSample]:
+        """The results of trajectory ``records`` (their ``TRAJECTORY_FIELDS``), given their
+        prompts' ``rows`` by group id; no queue involved."""
+        trajectories = [self.reader.trajectory(r, rows[r["group_id"]]) for r in records]
+        results = self.router.score(trajectories)
+        return [ScoredSample(t.data_source, r) for t, r in zip(trajectories, results, strict=True)]
