@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rl_train.algorithms.config import StrictModel
-from rl_train.engines.reward.registry import check_reward
+from rl_train.engines.reward.registry import REWARDS, check_reward
 from rl_train.engines.sandbox import SandboxConfig
+
+if TYPE_CHECKING:
+    from rl_train.engines.reward.base import BatchReward, Reward
+
+
+class DefinedReward(Protocol):
+    """A reward defined by name in a section of ``reward:`` (a reward model, a judge, a remote
+    grader, a hybrid stack): the section's entry builds it (importing its implementation only
+    then, in the worker that scores with it)."""
+
+    def build(self, name: str, settings: RewardSettings) -> Reward | BatchReward: ...
+
+
+DEFINING_SECTIONS: tuple[str, ...] = ()
+"""The fields of ``RewardConfig`` that define rewards by name (each a ``dict[str, DefinedReward]``);
+a name they define is routed like a registered one."""
 
 
 class NumericConfig(StrictModel):
@@ -37,6 +54,8 @@ class CodeTestsConfig(StrictModel):
 class RewardConfig(StrictModel):
     num_workers: int = Field(1, ge=1)
     """Reward worker actors; samples are spread across them."""
+    # The sections that define rewards by name (DEFINING_SECTIONS) go here, above the routes
+    # that name them: the routes' validator reads them.
     by_data_source: dict[str, str] = Field(default_factory=dict)
     """Reward per data_source (its exact name, or its longest prefix before a '/'): a registered reward or a function or class by import path ('my_pkg.rewards:unit_tests')."""
     default: str | None = None
@@ -48,20 +67,43 @@ class RewardConfig(StrictModel):
     code_tests: CodeTestsConfig = Field(default_factory=CodeTestsConfig)
     """The code_tests reward: where the tests are, how they score, time limits."""
 
-    @field_validator("default")
+    @field_validator("by_data_source", "default")
     @classmethod
-    def _known_default(cls, name: str | None) -> str | None:
-        return None if name is None else check_reward(name)
-
-    @field_validator("by_data_source")
-    @classmethod
-    def _known_routes(cls, routes: dict[str, str]) -> dict[str, str]:
+    def _known_rewards(cls, value: dict[str, str] | str | None, info: ValidationInfo) -> dict[str, str] | str | None:
+        # the defining sections are declared above the routes, so they are validated first
+        defined = {name for section in DEFINING_SECTIONS for name in info.data.get(section, {})}
+        routes = {"": value} if isinstance(value, str) else dict(value or {})
         for source, name in routes.items():
+            if name in defined:
+                continue
             try:
                 check_reward(name)
             except ValueError as error:
-                raise ValueError(f"{source!r}: {error}") from None
-        return routes
+                hint = f"; or one this config defines ({', '.join(sorted(defined))})" if defined else ""
+                raise ValueError(f"{source!r}: {error}{hint}" if source else f"{error}{hint}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _defined_names(self) -> RewardConfig:
+        for section in DEFINING_SECTIONS:
+            for name in getattr(self, section):
+                if ":" in name or name in REWARDS:
+                    raise ValueError(
+                        f"reward.{section}.{name}: a defined reward's name may not contain ':' nor be a "
+                        f"registered reward's ({', '.join(REWARDS.names())})"
+                    )
+        self.defined()
+        return self
+
+    def defined(self) -> Mapping[str, DefinedReward]:
+        """The rewards the config's sections define, by name."""
+        found: dict[str, DefinedReward] = {}
+        for section in DEFINING_SECTIONS:
+            for name, entry in getattr(self, section).items():
+                if name in found:
+                    raise ValueError(f"reward.{section}.{name}: the name {name!r} is defined twice in reward:")
+                found[name] = entry
+        return found
 
     def names(self) -> set[str]:
         """Every reward the routing table names (the registry's, routed by data_source name, aside)."""

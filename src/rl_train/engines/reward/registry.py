@@ -76,7 +76,10 @@ def check_reward(value: str) -> str:
 
 
 def build_reward(name: str, settings: RewardSettings) -> Reward | BatchReward:
-    """The reward ``name`` (registered or an import path), ready to score."""
+    """The reward ``name`` (defined in the config, registered, or an import path), ready to score."""
+    defined = settings.reward.defined()
+    if name in defined:
+        return defined[name].build(name, settings)
     target = REWARDS.get(name) if name in REWARDS else resolve(name)
     if isinstance(target, type):
         from_settings = getattr(target, "from_settings", None)
