@@ -4,6 +4,7 @@ rule that only the ``gpu`` and ``slow`` markers skip a test (``skip_policy.py``)
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -68,6 +69,7 @@ def ray_local():
 
     ray.shutdown()
     stop_local_heads()
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

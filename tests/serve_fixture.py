@@ -10,9 +10,11 @@ only (raising, or hanging until it is killed): the served process imports it fro
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -143,7 +145,9 @@ def serve_root(tmp_path: Path, tiny_model_dir: Path) -> Path:
 def start_serve(
     env: dict[str, str], root: Path, log: Path, marker: str, **extra_env: str
 ) -> subprocess.Popen:
-    env = {**env, MARKER: marker, "RL_TRAIN_RAY_TMPDIR": f"/tmp/rlt-srv-{marker[:8]}", **extra_env}
+    ray_dir = f"/tmp/rlt-srv-{marker[:8]}"  # short: Ray's socket paths are bounded
+    atexit.register(shutil.rmtree, ray_dir, True)  # after the test has stopped serve
+    env = {**env, MARKER: marker, "RL_TRAIN_RAY_TMPDIR": ray_dir, **extra_env}
     env.pop("RL_TRAIN_ROOT", None)  # the root is the directory serve starts in
     serve = subprocess.Popen(
         [str(BIN / "rl-train"), "serve"], env=env, cwd=root, stdout=log.open("w"), stderr=subprocess.STDOUT

@@ -6,6 +6,7 @@ is this script's, not the test session's Ray."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 from typing import Any
@@ -20,10 +21,8 @@ from rl_train.storage.metrics import read_metrics
 
 def main() -> None:
     model_dir, data_dir, out_dir = sys.argv[1:4]
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "temp_dir": tempfile.mkdtemp(prefix="rlt-ray-cluster-")},
-    )
+    ray_dir = tempfile.mkdtemp(prefix="rlt-ray-cluster-")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "temp_dir": ray_dir})
     cluster.add_node(num_cpus=1)
     try:
         data: dict[str, Any] = {
@@ -53,6 +52,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ a reward worker's task is retried. Every prompt is still trained exactly once.""
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.integration
 
 MARKERS = Path(tempfile.gettempdir()) / f"rlt-die-{uuid.uuid4().hex[:8]}"
 """One file per worker kind that has died once: its restarted process must live."""
+atexit.register(shutil.rmtree, MARKERS, True)
 
 
 def _die_once(kind: str, calls: int, on_call: int) -> None:

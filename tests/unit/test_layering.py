@@ -22,6 +22,7 @@ RANKS = {
     "registry.py": 0,
     "child_process.py": 0,
     "runtime.py": 0,
+    "owned_tmp.py": 0,
     "startup_clock.py": 1,
     "algorithms": 1,
     "storage": 2,

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -17,6 +15,7 @@ from rl_train.engines.training.nonfinite import NonFiniteStepGuard
 from rl_train.engines.weight_sync.base import WeightSender, WeightSyncBackend
 from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory
 from rl_train.engines.workers.placement import check_device
+from rl_train.owned_tmp import owned_dir
 from rl_train.storage.checkpoint import CheckpointStore, PartEntry
 
 if TYPE_CHECKING:  # bound for real by ``_import_engine_side``, in the actor's process only
@@ -41,6 +40,8 @@ if TYPE_CHECKING:  # bound for real by ``_import_engine_side``, in the actor's p
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
 FREEZE_TIMEOUT_SECONDS = 600.0
 """How long a push waits for its frozen copy (the main thread may be busy with an update)."""
+POLICY_SNAPSHOT_PREFIX = "rlt-policy-"
+"""The policy copied for a checkpoint between updates; a killed trainer's is swept by the next (``owned_tmp``)."""
 OPTIONAL_TOKEN_FIELDS = ["rollout_is_weights"]
 """Per-token fields the advantage phase writes only when configured (IS weights multiply the policy loss)."""
 
@@ -333,7 +334,7 @@ class TrainerWorker:
         self._drop_checkpoint_snapshot()
         policy_dir = None
         if with_policy and self.rank == 0:
-            policy_dir = Path(tempfile.mkdtemp(prefix="rlt-policy-"))
+            policy_dir = owned_dir(POLICY_SNAPSHOT_PREFIX)
             self.engine.save_pretrained(policy_dir)
         elif with_policy and self._split_model:
             self.join_export()  # rank 0's save gathers the model from every rank
@@ -365,12 +366,15 @@ class TrainerWorker:
         """Write the current policy as an HF model directory at ``uri`` (a path or s3:// URI,
         R-9.5); returns the files written."""
         fs, root = fsspec.core.url_to_fs(uri)
-        with tempfile.TemporaryDirectory(prefix="rlt-policy-") as tmp:
-            self.engine.save_pretrained(Path(tmp))
-            files = sorted(p for p in Path(tmp).rglob("*") if p.is_file())
+        tmp = owned_dir(POLICY_SNAPSHOT_PREFIX)
+        try:
+            self.engine.save_pretrained(tmp)
+            files = sorted(p for p in tmp.rglob("*") if p.is_file())
             fs.makedirs(root, exist_ok=True)
             for path in files:
                 fs.put_file(str(path), f"{root.rstrip('/')}/{path.relative_to(tmp).as_posix()}")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return [path.relative_to(tmp).as_posix() for path in files]
 
     def _drop_checkpoint_snapshot(self) -> None:
