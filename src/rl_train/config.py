@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from rl_train.algorithms.advantage import outcome_estimators
 from rl_train.algorithms.config import AlgorithmConfig, StrictModel
 from rl_train.engines.agent.config import AgentConfig
 from rl_train.engines.reward.config import RewardConfig
@@ -205,6 +206,12 @@ class Config(StrictModel):
             raise ValueError(
                 "algorithm.rollout_correction.bypass_current_version: got true: actor.router_replay r2 replays the "
                 "routes of old_log_prob's pass, which the copied trajectories skip; set it to false or use r3"
+            )
+        if self.reward.gar.on and self.algorithm.adv_estimator not in outcome_estimators():
+            raise ValueError(
+                f"reward.gar: groupwise grading reshapes one advantage per trajectory, and algorithm.adv_estimator "
+                f"{self.algorithm.adv_estimator!r} gives one per token; use an outcome estimator "
+                f"({', '.join(outcome_estimators())}) or remove reward.gar"
             )
         if t.train_batch_size % t.parameter_sync_step:
             raise ValueError(

@@ -153,6 +153,7 @@ REGISTRIES = (
     "rl_train.engines.agent.tools:TOOLS",
     "rl_train.engines.rollout.tool_env:TOOL_ENVS",
     "rl_train.engines.reward.registry:REWARDS",
+    "rl_train.engines.reward.gar_graders:GROUP_GRADERS",
     "rl_train.storage.builtin_data:BUILTIN_TASKS",
 )
 """Where every registry lives (``tests/unit/test_registry.py`` finds each ``Registry(...)`` in

@@ -75,7 +75,7 @@ def test_unscored_trajectories_are_scored_across_the_reward_workers_first() -> N
     _group(tq, "b", [0, 0], scored=False)
     workers = [ScoringWorker(tq), ScoringWorker(tq)]
     assert groups_with_gradient(tq, workers, "train", ["a", "b"], N) == {"a": True, "b": False}
-    assert [w.calls for w in workers] == [[["a/0", "b/0"]], [["a/1", "b/1"]]]  # round robin
+    assert [w.calls for w in workers] == [[["a/0", "a/1"]], [["b/0", "b/1"]]]  # whole groups, round robin (GAR)
     assert tq.fields_read == {"group_id", "reward"}
 
 

@@ -64,6 +64,12 @@ ADV_ESTIMATORS: Registry[Estimator] = Registry(
 )
 
 
+def outcome_estimators() -> list[str]:
+    """The estimators that give one advantage per trajectory (the outcome ones: a group
+    baseline, broadcast over the response), which groupwise grading (GAR) can reshape."""
+    return [name for name in ADV_ESTIMATORS.names() if ADV_ESTIMATORS[name].module == _OUTCOME.rstrip(":")]
+
+
 def estimator_needs(name: str) -> EstimatorNeeds:
     """What the estimator registered as ``name`` reads beyond rewards, masks and groups."""
     return ADV_ESTIMATORS[name].needs

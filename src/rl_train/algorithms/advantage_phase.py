@@ -18,6 +18,10 @@ Records hold response-only per-token lists (``rollout_log_probs``, ``old_log_pro
    trajectory's ``baseline_reward`` (ReMax's greedy baseline). A sample marked ``is_infra``
    (its grader failed, R-6.5) is left out of the estimator as if absent from its group, and
    trains no token (its response mask is written as zeros).
+5. with ``reward.gar`` (``gar_pass_threshold`` set), groupwise grading (R-6.6, ``algorithms/gar``):
+   the hackers a group grader flagged score 0 in the estimator's input, and the positive
+   advantages of each graded group's passers are redistributed by their quality factors
+   (``gar/*`` metrics).
 
 Like verl, a rejected token or sequence keeps its outcome reward in the estimator's input, so a
 rejected sample still counts in its group's baseline; it is only its own advantage (and so its
@@ -35,6 +39,7 @@ import torch
 from rl_train.algorithms.advantage import ADV_ESTIMATORS, EstimatorNeeds, estimator_needs
 from rl_train.algorithms.advantage_base import AdvantageFn, AdvantageInputs, estimate_excluding
 from rl_train.algorithms.config import AlgorithmConfig
+from rl_train.algorithms.gar import grades_from_records, reshape_batch
 from rl_train.algorithms.kl_controller import KLController, apply_kl_penalty_to_rewards, build_kl_controller
 from rl_train.algorithms.reward_placement import place_on_last_token
 from rl_train.algorithms.rollout_correction import (
@@ -59,10 +64,13 @@ class AdvantagePhase:
     """What the estimator reads beyond rewards (critic values, greedy baselines)."""
     monitor: RunbookMonitor = field(default_factory=RunbookMonitor)
     """R-10.3 runbook warnings; one per run so that "rising" trends span steps."""
+    gar_pass_threshold: float | None = None
+    """``reward.gar.pass_threshold`` when groupwise grading is on (None: off)."""
 
     @classmethod
-    def from_config(cls, algorithm: AlgorithmConfig) -> AdvantagePhase:
+    def from_config(cls, algorithm: AlgorithmConfig, gar_pass_threshold: float | None = None) -> AdvantagePhase:
         return cls(
+            gar_pass_threshold=gar_pass_threshold,
             estimator=ADV_ESTIMATORS.get(algorithm.adv_estimator),
             algorithm=algorithm,
             correction=RolloutCorrectionPlan.from_config(algorithm.rollout_correction),
@@ -92,6 +100,12 @@ class AdvantagePhase:
             old, optional_field(records, "rollout_log_probs"), mask, self.correction
         )
         scores = torch.tensor([float(r["reward"]) for r in records])
+        grades = None
+        if self.gar_pass_threshold is not None:  # a flagged hacker scores 0 (R-6.6 step 1)
+            grades, failed_groups = grades_from_records(records, self.gar_pass_threshold)
+            scores = grades.effective_scores(scores)
+            metrics["gar/hacking_flagged"] = float(grades.hacked.sum())
+            metrics["gar/infra_groups"] = float(failed_groups)
         if self.algorithm.overlong_filter or self.algorithm.overlong_penalty:
             cut = is_cut(records)
             if self.algorithm.overlong_filter:  # the cut rows train no token
@@ -120,6 +134,9 @@ class AdvantagePhase:
         if bool(infra.any()):  # no verdict (R-6.5): no gradient, and no place in its group's statistics
             kept = kept * (~infra).to(kept.dtype).unsqueeze(1)
         advantages, returns = estimate_excluding(self.estimator, inputs, infra, self.algorithm)
+        if grades is not None:  # the passers' positive mass redistributed by quality (step 2)
+            advantages, reshaped = reshape_batch(advantages, mask, inputs.group_ids, grades)
+            metrics["gar/groups_reshaped"] = float(reshaped)
         advantages = advantages * kept
         updates: list[dict[str, Any]] = [{"advantages": a} for a in unpad_response(advantages, records)]
         if self.needs.critic:  # the critic update's targets

@@ -9,7 +9,7 @@ How each key combines, by its name:
 
 - counts (``agent/trajectories``, ``agent/tool_calls/<tool>``, ``agent/tool_errors/<tool>``,
   ``actor/nonfinite_steps``, ``actor/router_replay_tokens``, ``reward/infra_failures``,
-  ``reward/infra_failures/<data_source>`` and ``greedy_baseline/infra``) add up;
+  ``reward/infra_failures/<data_source>``, ``greedy_baseline/infra`` and GAR's ``gar/*``) add up;
 - extremes (``.../max``, ``..._max``; ``.../min``, ``..._min``) take the step's extreme;
 - states that only the end of the step tells (``actor/lr``, ``critic/lr``,
   ``actor/nonfinite_steps_in_row``) take the last update's value;
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from statistics import fmean
 
-SUMMED_PREFIXES = ("agent/tool_calls/", "agent/tool_errors/", "reward/infra_failures/")
+SUMMED_PREFIXES = ("agent/tool_calls/", "agent/tool_errors/", "reward/infra_failures/", "gar/")
 SUMMED = frozenset(
     {
         "agent/trajectories",

@@ -118,6 +118,59 @@ class BatchReward(Protocol):
     def score_batch(self, trajectories: Sequence[Trajectory]) -> list[RewardResult]: ...
 
 
+@dataclass(frozen=True)
+class GroupVerdict:
+    """A group grader's verdict on one trajectory of its group (GAR, R-6.6)."""
+
+    quality: float = 1.0
+    """In (0, 1]: how good a passing answer is among its group's (1: the best kind). GAR
+    down-weights a passer's positive advantage by it and hands the mass to the better ones."""
+    hacking: bool = False
+    """The answer passes the reward by a forbidden route (confirmed reward hacking): GAR scores
+    it as a failure (effective reward 0) and recomputes the group's statistics."""
+
+
+@dataclass(frozen=True)
+class GroupInfra:
+    """A group grader that could give no verdict (a judge that timed out, a transport error):
+    GAR leaves the group's advantages as the estimator made them, and ``gar/infra_groups`` counts it."""
+
+    reason: str
+
+
+@runtime_checkable
+class GroupReward(Protocol):
+    """A group grader (GAR, R-6.6): one whole prompt group at once, with the per-sample results
+    its routed reward already gave (an ``is_infra`` one included; its verdict is ignored), ->
+    one ``GroupVerdict`` per trajectory, in order, or ``GroupInfra`` for the whole group.
+
+    Why a group: quality is relative (the shortest correct answer, the clearest proof), and a
+    grader that compares answers needs them side by side. A plain function is one; an
+    exception from it is a bug in it and fails the reward phase, like a reward's."""
+
+    def __call__(
+        self, trajectories: Sequence[Trajectory], results: Sequence[RewardResult]
+    ) -> Sequence[GroupVerdict] | GroupInfra: ...
+
+
+def check_verdicts(value: object, size: int, where: str) -> list[GroupVerdict] | GroupInfra:
+    """A group grader's return value, checked: ``GroupInfra``, or ``size`` verdicts with
+    qualities in (0, 1]; anything else is a bug in the grader (``where`` names it)."""
+    if isinstance(value, GroupInfra):
+        return value
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(f"{where} returned {type(value).__name__} {value!r}; a group grader returns a list of GroupVerdict or a GroupInfra")
+    verdicts = list(value)
+    if len(verdicts) != size:
+        raise ValueError(f"{where} returned {len(verdicts)} verdicts for a group of {size} trajectories")
+    for i, verdict in enumerate(verdicts):
+        if not isinstance(verdict, GroupVerdict):
+            raise TypeError(f"{where} returned {type(verdict).__name__} {verdict!r} at {i}; expected a GroupVerdict")
+        if not (math.isfinite(verdict.quality) and 0.0 < verdict.quality <= 1.0):
+            raise ValueError(f"{where} returned quality {verdict.quality!r} at {i}; a quality lies in (0, 1]")
+    return verdicts
+
+
 def as_result(value: object, where: str) -> RewardResult:
     """A reward's return value as a ``RewardResult``: a number is a score; anything else, or a
     score that is not finite, is a bug in the reward (``where`` names it)."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rl_train.algorithms.config import StrictModel
+from rl_train.engines.reward.gar_graders import check_grader
 from rl_train.engines.reward.registry import REWARDS, check_reward
 from rl_train.engines.sandbox import SandboxConfig
 
@@ -51,6 +52,28 @@ class CodeTestsConfig(StrictModel):
     """code_tests: what is read of the run's stdout and stderr, bytes each (the verdicts are a few bytes per test)."""
 
 
+class GarConfig(StrictModel):
+    """Groupwise grading (GAR, R-6.6): a group grader's quality factors and hacking flags reshape each prompt group's advantages."""
+
+    grader: str | None = None
+    """The group grader (None: GAR off): a registered one (brevity) or a function or class by import path ('my_pkg.graders:clarity'); it sees each whole prompt group with its rewards and returns a quality factor and a hacking flag per trajectory."""
+    pass_threshold: float = 1.0
+    """A trajectory passes its task when its reward is at least this; GAR reshapes the positive advantages of passers only."""
+    min_quality: float = Field(0.25, gt=0, le=1)
+    """brevity grader: the lowest quality a passing answer gets, however long it is."""
+    max_answer_repeats: int = Field(3, ge=2)
+    """brevity grader: a passing answer that states the ground truth this many times or more is flagged as reward hacking."""
+
+    @field_validator("grader")
+    @classmethod
+    def _known_grader(cls, value: str | None) -> str | None:
+        return None if value is None else check_grader(value)
+
+    @property
+    def on(self) -> bool:
+        return self.grader is not None
+
+
 class RewardConfig(StrictModel):
     num_workers: int = Field(1, ge=1)
     """Reward worker actors; samples are spread across them."""
@@ -66,6 +89,8 @@ class RewardConfig(StrictModel):
     """Tolerances of the numeric and math rewards."""
     code_tests: CodeTestsConfig = Field(default_factory=CodeTestsConfig)
     """The code_tests reward: where the tests are, how they score, time limits."""
+    gar: GarConfig = Field(default_factory=GarConfig)
+    """Groupwise grading (GAR, R-6.6), off unless reward.gar.grader is set."""
 
     @field_validator("by_data_source", "default")
     @classmethod

@@ -57,6 +57,12 @@ def check_reward(value: str) -> str:
         if value in REWARDS:
             return value
         raise UnknownNameError(f"got {value!r}: unknown reward; allowed: {ALLOWED.format(names=', '.join(REWARDS.names()))}")
+    return check_import_path(value, "a reward is a function (Trajectory) -> RewardResult | float")
+
+
+def check_import_path(value: str, what: str) -> str:
+    """``value`` if it is ``'package.module:attr'`` naming something callable; else a
+    ``ValueError`` saying what is wrong (``what``: what the callable must be)."""
     module_name, _, attr = value.partition(":")
     if not module_name or not attr:
         raise ValueError(f"got {value!r}: an import path is 'package.module:attr', both parts non-empty")
@@ -69,8 +75,7 @@ def check_reward(value: str) -> str:
         raise ValueError(f"got {value!r}: module {module_name!r} has no attribute {attr!r}")
     if not callable(target):
         raise ValueError(
-            f"got {value!r}: {attr!r} is a {type(target).__name__}, not callable; a reward is a function "
-            "(Trajectory) -> RewardResult | float, or a class whose instances are"
+            f"got {value!r}: {attr!r} is a {type(target).__name__}, not callable; {what}, or a class whose instances are"
         )
     return value
 

@@ -54,7 +54,9 @@ class QueueWorker(TransferQueue):
     def _build_advantage_phase(self) -> Any:
         from rl_train.algorithms.advantage_phase import AdvantagePhase  # torch: about 1.2 s of CPU
 
-        phase = AdvantagePhase.from_config(self._algorithm)
+        gar = (self._run_config.get("reward") or {}).get("gar") or {}  # groupwise grading
+        threshold = float(gar["pass_threshold"]) if gar.get("grader") else None
+        phase = AdvantagePhase.from_config(self._algorithm, threshold)
         with self._restore_lock:
             if self._restored_advantage is not None:
                 phase.load_state_dict(self._restored_advantage)

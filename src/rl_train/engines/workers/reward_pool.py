@@ -16,7 +16,8 @@ from rl_train.engines.reward.metrics import ScoredSample
 from rl_train.engines.workers.launched import ActorLauncher
 from rl_train.engines.workers.named_actor import NamedActor
 from rl_train.engines.workers.pending import Actor, RayPending, wait_all
-from rl_train.engines.workers.ranked_pool import kill_actors, split_keys
+from rl_train.engines.workers.ranked_pool import kill_actors
+from rl_train.storage.group_scoring import split_by_group
 
 if TYPE_CHECKING:
     from rl_train.config import Config
@@ -50,6 +51,7 @@ class RewardPool:
             "tq": queue,
             "reward": config.reward.model_dump(mode="json"),
             "sandbox": config.sandbox.model_dump(mode="json"),
+            "group_size": config.rollout.n,
         }
         return cls(
             [
@@ -65,8 +67,9 @@ class RewardPool:
         return cls([RewardClient(ray.get_actor(f"reward-{i}", namespace=namespace)) for i in range(num_workers)])
 
     def score(self, partition: str, keys: list[str]) -> list[ScoredSample]:
-        """Results of ``keys`` spread over the workers (written onto the records), shard by shard."""
-        shards = split_keys(keys, len(self.workers))
+        """Results of ``keys`` spread over the workers (written onto the records), shard by
+        shard; a prompt group's trajectories stay on one worker (a group grader sees them all)."""
+        shards = split_by_group(keys, len(self.workers))
         parts = wait_all([w.start_score(partition, s) for w, s in zip(self.workers, shards, strict=True) if s])
         return [sample for part in parts for sample in part]
 

@@ -5,6 +5,11 @@ versions) and the rows of their prompts, scores them through the run's ``RewardR
 writes back ``reward`` and ``is_infra`` (with ``reward_sub_scores`` and ``infra_reason`` where
 there are any). An infra-failed sample's ``reward`` is 0.0 and means nothing: the group filter
 and the advantage read ``is_infra`` and leave it out.
+
+With ``reward.gar``, each whole prompt group of the training partition is then handed to the
+group grader (``GroupGrading``), and its verdicts are written beside the rewards
+(``gar_quality``, ``gar_hacking``, ``gar_infra``). This is the one place a grader is called:
+the reward phase and the async modes' group filter both score through here.
 """
 
 from __future__ import annotations
@@ -14,13 +19,17 @@ from typing import Any
 import ray
 
 from rl_train.engines.model.response_decoder import load_response_decoder
-from rl_train.engines.reward.base import RewardResult
+from rl_train.engines.reward.base import RewardResult, Trajectory
 from rl_train.engines.reward.config import RewardConfig
+from rl_train.engines.reward.gar_graders import PREVIOUS_FIELDS, GroupGrading
 from rl_train.engines.reward.metrics import ScoredSample
 from rl_train.engines.reward.router import RewardRouter
 from rl_train.engines.reward.trajectory import OPTIONAL_TRAJECTORY_FIELDS, TRAJECTORY_FIELDS, TrajectoryReader
 from rl_train.engines.sandbox import SandboxConfig
 from rl_train.engines.workers.named_actor import resolve_actor
+
+GRADED_PARTITION = "train"
+"""Groupwise grading reshapes advantages: only the trained partition's groups are graded."""
 
 
 def result_fields(result: RewardResult) -> dict[str, Any]:
@@ -36,13 +45,21 @@ def result_fields(result: RewardResult) -> dict[str, Any]:
 
 class RewardWorker:
     def __init__(
-        self, model_path: str, tq: Any, reward: dict[str, Any] | None = None, sandbox: dict[str, Any] | None = None
+        self,
+        model_path: str,
+        tq: Any,
+        reward: dict[str, Any] | None = None,
+        sandbox: dict[str, Any] | None = None,
+        group_size: int = 1,
     ) -> None:
-        """``reward`` and ``sandbox``: the run's sections (dumped), how it scores and runs code."""
+        """``reward`` and ``sandbox``: the run's sections (dumped), how it scores and runs code;
+        ``group_size``: trajectories per prompt (a group is graded once all are scored)."""
         self.reader = TrajectoryReader(load_response_decoder(model_path))  # transformers only where needed
         self.eos_token_id = self.reader.eos_token_id
-        self.router = RewardRouter(RewardConfig.model_validate(reward or {}), SandboxConfig.model_validate(sandbox or {}))
+        config = RewardConfig.model_validate(reward or {})
+        self.router = RewardRouter(config, SandboxConfig.model_validate(sandbox or {}))
         self.router.build_configured()
+        self.grading = GroupGrading(config.gar, group_size) if config.gar.on else None
         self.tq = resolve_actor(tq)
 
     def response_text(self, record: dict[str, Any]) -> str:
@@ -51,17 +68,26 @@ class RewardWorker:
 
     def score(self, partition: str, keys: list[str]) -> list[ScoredSample]:
         """Write ``reward`` and ``is_infra`` on each trajectory; returns the results in key order."""
-        records = ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS, OPTIONAL_TRAJECTORY_FIELDS))
+        grading = self.grading if partition == GRADED_PARTITION else None
+        optional = OPTIONAL_TRAJECTORY_FIELDS + (PREVIOUS_FIELDS if grading else [])
+        records = ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS, optional))
         groups = list(dict.fromkeys(r["group_id"] for r in records))
         rows = dict(zip(groups, ray.get(self.tq.get.remote(partition, groups)), strict=True))
-        samples = self.score_records(records, rows)
-        fields = {k: result_fields(s.result) for k, s in zip(keys, samples, strict=True)}
+        trajectories = [self.reader.trajectory(r, rows[r["group_id"]]) for r in records]
+        samples = self.score_trajectories(trajectories)
+        graded: list[dict[str, Any]] = [{} for _ in records]
+        if grading is not None:  # after the per-sample scores: the grader reads them
+            results = [s.result for s in samples]
+            graded = grading.fields([r["group_id"] for r in records], trajectories, results, records)
+        fields = {k: {**result_fields(s.result), **g} for k, s, g in zip(keys, samples, graded, strict=True)}
         ray.get(self.tq.put.remote(partition, fields))
         return samples
 
     def score_records(self, records: list[dict[str, Any]], rows: dict[str, dict[str, Any]]) -> list[ScoredSample]:
         """The results of trajectory ``records`` (their ``TRAJECTORY_FIELDS``), given their
         prompts' ``rows`` by group id; no queue involved."""
-        trajectories = [self.reader.trajectory(r, rows[r["group_id"]]) for r in records]
+        return self.score_trajectories([self.reader.trajectory(r, rows[r["group_id"]]) for r in records])
+
+    def score_trajectories(self, trajectories: list[Trajectory]) -> list[ScoredSample]:
         results = self.router.score(trajectories)
         return [ScoredSample(t.data_source, r) for t, r in zip(trajectories, results, strict=True)]
