@@ -25,7 +25,12 @@ from rl_train.engines.reward.judge import GenerativeJudge, VerdictParser
 from rl_train.engines.reward.judge_config import DEFAULT_TEMPLATE, JudgeConfig, VerdictParserConfig
 from rl_train.engines.reward.metrics import INFRA_FAILURES, ScoredSample, reward_metrics
 from rl_train.engines.reward.router import RewardRouter
-from rl_train.engines.rollout.protocol import EngineStateError, GenerationRequest, GenerationResult, SamplingParams
+from rl_train.engines.rollout.protocol import (
+    EngineStateError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS_TEMPLATE = "{response}={ground_truth}?"

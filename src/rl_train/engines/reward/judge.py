@@ -187,8 +187,9 @@ class GenerativeJudge:
             return f"judge {self.name!r} timed out: no verdict within {timeout:g} s"
         if any(r.stop_reason == "aborted" for r in results):
             return f"judge {self.name!r}: its decode was aborted (the engine was put to sleep or synced meanwhile)"
-        eos = self.engine.tokenizer.eos_token_id
-        return [self.engine.tokenizer.decode([t for t in r.response_ids if t != eos], skip_special_tokens=True) for r in results]
+        tokenizer = self.engine.tokenizer
+        eos = tokenizer.eos_token_id
+        return [str(tokenizer.decode([t for t in r.response_ids if t != eos], skip_special_tokens=True)) for r in results]
 
     def _settled(self) -> bool:
         """Whether the engine is free: a call abandoned at its timeout has returned (waiting up

@@ -157,10 +157,13 @@ def _trajectory(item: Any, where: str) -> Trajectory:
     missing = [k for k in REQUIRED_KEYS if k not in item]
     if unknown or missing:
         raise WireError(f"{where}: unknown keys {unknown}, missing keys {missing}; allowed: {sorted(TRAJECTORY_KEYS)}")
-    text = {k: item.get(k, item["response"] if k in ("graded_text", "transcript") else "") for k in (*REQUIRED_KEYS, "graded_text", "transcript", "stop_reason")}
-    for key, value in text.items():
+    defaults = {"graded_text": item["response"], "transcript": item["response"], "stop_reason": ""}
+    text: dict[str, str] = {}
+    for key in (*REQUIRED_KEYS, *defaults):
+        value = item.get(key, defaults.get(key))
         if not isinstance(value, str):
             raise WireError(f"{where}.{key}: got {type(value).__name__}, expected a string")
+        text[key] = value
     extra, turns = item.get("extra", {}), item.get("turns", 1)
     if not isinstance(extra, dict):
         raise WireError(f"{where}.extra: got {type(extra).__name__}, expected an object")
