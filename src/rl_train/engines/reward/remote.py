@@ -16,22 +16,28 @@ schema's keys and types only, ``wire.decode_results``). A malformed answer, anot
 transport failure after the retries makes every trajectory of its chunk
 ``RewardResult.infra(reason)``: never a score, never an exception (the router then retries
 infra samples, ``reward.max_infra_retries``). The bearer token is read from the environment
-variable ``api_key_env`` names, in the worker; a config never holds it.
+variable ``api_key_env`` names, in the worker; a config never holds it (sent over plain
+http:// beyond loopback, it is warned of). Redirects are not followed, and the environment's
+proxy settings are not used (``trust_env=False``): the request goes where the config says.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
 import httpx
 
 from rl_train.engines.reward.base import RewardResult, Trajectory
-from rl_train.engines.reward.remote_config import RemoteRewardConfig
+from rl_train.engines.reward.remote_config import RemoteRewardConfig, is_loopback
 from rl_train.engines.reward.wire import WireError, decode_results, encode_request
+
+log = logging.getLogger(__name__)
 
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 """Answers that say "not now" rather than "no": tried again (other 5xx too)."""
@@ -75,6 +81,12 @@ class RemoteReward:
                     f"reward.remote.{name}.api_key_env: the environment variable {config.api_key_env} is not set "
                     "(or empty) where the reward workers run; set it there, or set api_key_env to null for no token"
                 )
+        url = urlsplit(config.url)
+        if token and url.scheme == "http" and not is_loopback(url.hostname or ""):
+            log.warning(
+                "reward.remote.%s sends its bearer token in clear text to %s (http://): anyone on the path can "
+                "read it; use https:// beyond a trusted network", name, url.hostname,
+            )  # fmt: skip
         return cls(name, config, token)
 
     def score_batch(self, trajectories: Sequence[Trajectory]) -> list[RewardResult]:

@@ -5,6 +5,7 @@ Kept apart from ``remote.py`` so that loading a config imports no HTTP client.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -18,6 +19,16 @@ if TYPE_CHECKING:
     from rl_train.engines.reward.config import RewardSettings
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) stays on this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class RemoteRewardConfig(StrictModel):

@@ -29,7 +29,6 @@ of the served reward: 500, logged here, which the client retries and then counts
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import socket
 import threading
@@ -46,6 +45,7 @@ from starlette.exceptions import HTTPException
 
 from rl_train.engines.agent.gateway_body import parse_body, read_body
 from rl_train.engines.agent.sessions import SessionError
+from rl_train.engines.reward.remote_config import is_loopback
 from rl_train.engines.reward.router import RewardRouter
 from rl_train.engines.reward.wire import WireError, decode_request, encode_results
 from rl_train.registry import UnknownNameError
@@ -81,15 +81,6 @@ class _Admission:
     limits: ServeLimits
     in_flight: int = 0
     threads: anyio.CapacityLimiter | None = field(default=None)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _error(status: int, message: str, code: str, retry_after_s: int = 1) -> JSONResponse:
