@@ -21,6 +21,7 @@ EPILOG = """examples:
   rl-train init-model --out models/tiny-qwen2
   rl-train serve            # then: prefect deployment run rl-train/sync -p config=configs/arith-tiny.yaml
   rl-train eval runs/arith-tiny          # score the run's newest checkpoint on its validation set
+  rl-train serve-reward --config configs/arith-tiny.yaml --port 8731   # its rewards over HTTP
 """
 
 
@@ -88,6 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--eval-cron", metavar="CRON", help="evaluate its newest checkpoint on a cron schedule")
     serve.add_argument("--eval-extra", action="append", default=[], metavar="FILE", help="another dataset to score")
 
+    serve_reward = sub.add_parser(
+        "serve-reward", help="serve the config's rewards at one HTTP endpoint (POST /v1/score), for reward.remote clients"
+    )
+    _add_config_args(serve_reward)
+    serve_reward.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback a token is required)")
+    serve_reward.add_argument("--port", type=int, default=0, help="port to bind (0: a free one; the URL is printed)")
+    serve_reward.add_argument(
+        "--token-env", default="RL_TRAIN_REWARD_TOKEN", metavar="NAME",
+        help="environment variable holding the bearer token clients must send (unset: no token, loopback only)",
+    )  # fmt: skip
+    serve_reward.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body (413 past it)")
+    serve_reward.add_argument("--max-batch", type=int, default=1024, help="most trajectories in one request")
+    serve_reward.add_argument("--parallel", type=int, default=1, help="batches scored at once (thread-safe rewards only)")
+
     evaluate = sub.add_parser("eval", help="evaluate a run's newest complete checkpoint (the rl-eval flow, once)")
     evaluate.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (a path or s3:// URI)")
     evaluate.add_argument("--step", type=int, help="this checkpoint step (default: the newest complete one)")
@@ -118,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "eval":
             return _eval(args)
+        if args.command == "serve-reward":
+            return _serve_reward(args)
     except ConfigError as exc:
         print(f"rl-train: {exc}", file=sys.stderr)
         return 2
@@ -245,6 +262,31 @@ def _abandon_prelaunched() -> None:
     """Kill prelaunched actors that no trainer took over (the run failed before it began)."""
     if "rl_train.flows.prelaunch" in sys.modules:
         sys.modules["rl_train.flows.prelaunch"].abandon()
+
+
+def _serve_reward(args: argparse.Namespace) -> int:
+    """``rl-train serve-reward``: the config's rewards (built now, so a reward that cannot start
+    fails here) on ``--host``:``--port`` until SIGINT or SIGTERM."""
+    import os
+
+    from rl_train.engines.reward.remote_server import RewardServer, ServeLimits, create_reward_app
+    from rl_train.engines.reward.router import RewardRouter
+
+    config = load_config(args.config, args.overrides)
+    token = os.environ.get(args.token_env) or None
+    try:
+        limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_batch=args.max_batch, parallel=args.parallel)
+        if min(limits.max_body_bytes, limits.max_batch, limits.parallel) < 1:
+            raise ValueError("--max-body-bytes, --max-batch and --parallel are at least 1")
+        router = RewardRouter(config.reward, config.sandbox)
+        router.build_configured()
+        server = RewardServer(create_reward_app(router, limits, token), args.host, args.port, has_token=token is not None)
+    except (ValueError, OSError) as exc:
+        print(f"rl-train serve-reward: {exc}", file=sys.stderr)
+        return 2
+    print(f"serving rewards at {server.url}{' (bearer token required)' if token else ''}", flush=True)
+    server.serve()
+    return 0
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import typing
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -64,9 +65,10 @@ def config_models(model: type[BaseModel], prefix: str = "") -> list[tuple[str, t
     """(dotted path, model) of every section of the config tree, depth first, in field order."""
     found: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():
-        annotation = field.annotation
+        annotation, path = field.annotation, f"{prefix}{name}"
+        if typing.get_origin(annotation) is dict:  # entries by name (reward.judges.<name>): one table of an entry's fields
+            annotation, path = typing.get_args(annotation)[1], f"{path}.<name>"
         if isinstance(annotation, type) and issubclass(annotation, StrictModel):
-            path = f"{prefix}{name}"
             found.append((path, annotation))
             found += config_models(annotation, path + ".")
     return found
@@ -83,7 +85,7 @@ def render_model(path: str, model: type[BaseModel]) -> str:
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, StrictModel):
             continue
-        default = repr(field.get_default(call_default_factory=True))
+        default = "(required)" if field.is_required() else repr(field.get_default(call_default_factory=True))
         meaning = " ".join((field.description or "").split())
         lines.append(f"| `{path}.{name}` | `{_cell(default)}` | {_cell(meaning)} |")
     return "\n".join(lines) + "\n"

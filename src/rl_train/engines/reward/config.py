@@ -10,7 +10,9 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rl_train.algorithms.config import StrictModel
 from rl_train.engines.reward.gar_graders import check_grader
+from rl_train.engines.reward.judge_config import JudgeConfig
 from rl_train.engines.reward.registry import REWARDS, check_reward
+from rl_train.engines.reward.remote_config import RemoteRewardConfig
 from rl_train.engines.sandbox import SandboxConfig
 
 if TYPE_CHECKING:
@@ -25,7 +27,7 @@ class DefinedReward(Protocol):
     def build(self, name: str, settings: RewardSettings) -> Reward | BatchReward: ...
 
 
-DEFINING_SECTIONS: tuple[str, ...] = ()
+DEFINING_SECTIONS: tuple[str, ...] = ("judges", "remote")
 """The fields of ``RewardConfig`` that define rewards by name (each a ``dict[str, DefinedReward]``);
 a name they define is routed like a registered one."""
 
@@ -79,6 +81,10 @@ class RewardConfig(StrictModel):
     """Reward worker actors; samples are spread across them."""
     # The sections that define rewards by name (DEFINING_SECTIONS) go here, above the routes
     # that name them: the routes' validator reads them.
+    judges: dict[str, JudgeConfig] = Field(default_factory=dict)
+    """Generative judges by name: a model decodes a verdict on each trajectory through a rollout engine of its own, a parser reads its score (engines/reward/judge.py documents the template and parsers); routed by name in by_data_source / default."""
+    remote: dict[str, RemoteRewardConfig] = Field(default_factory=dict)
+    """Rewards behind an HTTP endpoint by name (e.g. `rl-train serve-reward`; engines/reward/wire.py documents the JSON it speaks); routed by name in by_data_source / default."""
     by_data_source: dict[str, str] = Field(default_factory=dict)
     """Reward per data_source (its exact name, or its longest prefix before a '/'): a registered reward or a function or class by import path ('my_pkg.rewards:unit_tests')."""
     default: str | None = None
