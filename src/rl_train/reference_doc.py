@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -61,7 +62,8 @@ def render_section(section: RegistrySection) -> str:
 
 
 def config_models(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[BaseModel]]]:
-    """(dotted path, model) of every section of the config tree, depth first, in field order."""
+    """(dotted path, model) of every section of the config tree, depth first, in field order;
+    the entries of a section's named or listed sections too (``reward.hybrid.<name>``)."""
     found: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():
         annotation = field.annotation
@@ -69,7 +71,21 @@ def config_models(model: type[BaseModel], prefix: str = "") -> list[tuple[str, t
             path = f"{prefix}{name}"
             found.append((path, annotation))
             found += config_models(annotation, path + ".")
+        elif (entry := _entry_section(annotation)) is not None:
+            path = f"{prefix}{name}{entry[0]}"
+            found.append((path, entry[1]))
+            found += config_models(entry[1], path + ".")
     return found
+
+
+def _entry_section(annotation: object) -> tuple[str, type[StrictModel]] | None:
+    """(path suffix, model) of a field that holds sections by name (``dict[str, Model]``:
+    ``.<name>``) or in a list (``list[Model]``: ``[]``); None for any other field."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    entry = args[1] if origin is dict and len(args) == 2 else args[0] if origin is list and len(args) == 1 else None
+    if isinstance(entry, type) and issubclass(entry, StrictModel):
+        return (".<name>" if origin is dict else "[]"), entry
+    return None
 
 
 def render_model(path: str, model: type[BaseModel]) -> str:
@@ -83,7 +99,7 @@ def render_model(path: str, model: type[BaseModel]) -> str:
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, StrictModel):
             continue
-        default = repr(field.get_default(call_default_factory=True))
+        default = "(required)" if field.is_required() else repr(field.get_default(call_default_factory=True))
         meaning = " ".join((field.description or "").split())
         lines.append(f"| `{path}.{name}` | `{_cell(default)}` | {_cell(meaning)} |")
     return "\n".join(lines) + "\n"

@@ -18,7 +18,6 @@ from rl_train.engines.reward.config import RewardSettings
 from rl_train.engines.reward.hybrid_config import HybridConfig
 from rl_train.engines.reward.registry import build_reward
 
-
 Scores = dict[str, RewardResult | None]
 """One trajectory's component results so far, by component (None: gated off, not scored)."""
 
