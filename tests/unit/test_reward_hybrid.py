@@ -208,6 +208,8 @@ def test_a_hybrid_that_holds_code_tests_runs_untrusted_code() -> None:
         ),
         ({"a": {"components": {"x": "exact"}, "clip": [1.0, 0.0]}}, r"reward.hybrid.a: clip: got \[1.0, 0.0\]: low must not exceed high"),
         ({"a": {"components": {}}}, r"reward.hybrid.a.components: got \{\}"),
+        ({"a": {"components": {"x.y": "exact"}}}, r"reward.hybrid.a: components: got the name 'x.y'; a component's name is"),
+        ({"a": {"components": {"x": "exact"}, "weights": {"x": float("nan")}}}, r"reward.hybrid.a.weights.x: got 'NaN': Input should be a finite number"),
         ({"exact": {"components": {"x": "math"}}}, r"reward.hybrid.exact: a defined reward's name may not .* be a registered"),
     ],
 )

@@ -25,8 +25,9 @@ never the hybrid itself, directly or through another hybrid.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, model_validator
 
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
     from rl_train.engines.reward.base import BatchReward, Reward
     from rl_train.engines.reward.config import RewardSettings
 
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+COMPONENT_NAME = re.compile(r"[A-Za-z0-9_-]+")
+"""A component's name: it becomes a sub-score and a metric key (``reward/<source>/<component>``),
+where a '.' would read as a nested sub-score and a '/' as another level."""
+
 
 class GateConfig(StrictModel):
     """Component ``component`` counts only if component ``requires`` scored at least ``at_least``."""
@@ -44,7 +50,7 @@ class GateConfig(StrictModel):
     """The gated component (a key of the hybrid's components)."""
     requires: str
     """The component whose score opens the gate (another key of the hybrid's components); it is always scored."""
-    at_least: float = 1.0
+    at_least: Finite = 1.0
     """The gate is open when the required component's score is at least this (1.0: the rule passed)."""
 
 
@@ -53,16 +59,19 @@ class HybridConfig(StrictModel):
 
     components: dict[str, str] = Field(min_length=1)
     """Component name -> the reward that scores it (registered, defined in this reward: section, or an import path); each is logged as reward/<data_source>/<component>."""
-    weights: dict[str, float] = Field(default_factory=dict)
+    weights: dict[str, Finite] = Field(default_factory=dict)
     """Component name -> its weight in the sum (components not listed weigh 1.0; a weight of 0 logs a component without counting it)."""
     gates: list[GateConfig] = Field(default_factory=list)
     """Conditions for a component to count: [{component: rm, requires: rule, at_least: 1.0}]; a component gated off counts 0.0 and is not scored."""
-    clip: tuple[float, float] | None = None
+    clip: tuple[Finite, Finite] | None = None
     """[low, high]: the weighted sum is clipped into this range (None: not clipped)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> HybridConfig:
         known = ", ".join(self.components)
+        for name in self.components:
+            if not COMPONENT_NAME.fullmatch(name):
+                raise ValueError(f"components: got the name {name!r}; a component's name is letters, digits, '_' and '-'")
         for name in self.weights:
             if name not in self.components:
                 raise ValueError(f"weights.{name}: not a component; the components are: {known}")
