@@ -1,8 +1,9 @@
 """The demo task scored by a hybrid stack (``configs/arith-hybrid-tiny.yaml``: 0.8 x exact +
 0.2 x is_number, the exact check gated on the format, clipped to [0, 1]) learns what the rule
 checks: the exact component, logged per data source as ``reward/<data_source>/exact``, rises
-from chance to a clear share within a short budget (the config's first 40 steps; its figures
-in ``bench/RESULTS.md``). Select with ``-m slow``.
+from chance within a short budget: 20 steps at the config's peak learning rate held constant
+(the full config decays it over 100 steps, where the first 20 are within 0.8x of the peak).
+Figures in ``bench/RESULTS.md``. Select with ``-m slow``.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "arith-hybrid-tiny.yaml"
 EXACT = "reward/arith/single_digit_sum/exact"
 FORMAT = "reward/arith/single_digit_sum/format"
-STEPS, WINDOW = 40, 5
-START_AT_MOST, END_AT_LEAST = 0.15, 0.45
-"""The exact component's mean over the first and the last ``WINDOW`` steps (measured: about
-0.06 at the start, see bench/RESULTS.md for the end)."""
+STEPS, WINDOW = 20, 5
+START_AT_MOST, END_AT_LEAST = 0.12, 0.16
+"""The exact component's mean over the first and the last ``WINDOW`` steps: the full config's
+run started at 0.063 (steps 1-5) and was at 0.232 over its steps 15-19 (bench/RESULTS.md)."""
 
 
 def test_the_hybrid_demo_raises_the_rule_checked_component(tmp_path: Path) -> None:
@@ -39,6 +40,7 @@ def test_the_hybrid_demo_raises_the_rule_checked_component(tmp_path: Path) -> No
             *inputs,
             f"run.output_dir={tmp_path / 'runs'}",
             f"trainer.total_steps={STEPS}",
+            "actor.lr_schedule=constant",
             "trainer.use_prefect=false",
             "trainer.val_every_steps=0",
             "checkpoint.every_steps=0",
