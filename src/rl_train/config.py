@@ -186,7 +186,7 @@ class Config(StrictModel):
         """What of this run executes code nobody vetted, given the agent loops and the rewards
         (beside those the reward section names) its prompts use."""
         uses = []
-        if "code_tests" in {*rewards, *self.reward.names()}:
+        if "code_tests" in self.reward.uses({*rewards, *self.reward.names()}):
             uses.append("the code_tests reward (the policy's code run against unit tests)")
         if "tool_agent" in agent_loops:
             uses.append("the python tool (agent loop tool_agent)")

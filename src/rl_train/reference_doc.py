@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
 from pathlib import Path
+from typing import get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -62,16 +62,29 @@ def render_section(section: RegistrySection) -> str:
 
 
 def config_models(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[BaseModel]]]:
-    """(dotted path, model) of every section of the config tree, depth first, in field order."""
+    """(dotted path, model) of every section of the config tree, depth first, in field order;
+    the entries of a section's named or listed sections too (``reward.hybrid.<name>``)."""
     found: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():
         annotation, path = field.annotation, f"{prefix}{name}"
-        if typing.get_origin(annotation) is dict:  # entries by name (reward.judges.<name>): one table of an entry's fields
-            annotation, path = typing.get_args(annotation)[1], f"{path}.<name>"
         if isinstance(annotation, type) and issubclass(annotation, StrictModel):
             found.append((path, annotation))
             found += config_models(annotation, path + ".")
+        elif (entry := _entry_section(annotation)) is not None:
+            path = f"{prefix}{name}{entry[0]}"
+            found.append((path, entry[1]))
+            found += config_models(entry[1], path + ".")
     return found
+
+
+def _entry_section(annotation: object) -> tuple[str, type[StrictModel]] | None:
+    """(path suffix, model) of a field that holds sections by name (``dict[str, Model]``:
+    ``.<name>``) or in a list (``list[Model]``: ``[]``); None for any other field."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    entry = args[1] if origin is dict and len(args) == 2 else args[0] if origin is list and len(args) == 1 else None
+    if isinstance(entry, type) and issubclass(entry, StrictModel):
+        return (".<name>" if origin is dict else "[]"), entry
+    return None
 
 
 def render_model(path: str, model: type[BaseModel]) -> str:

@@ -162,7 +162,7 @@ def test_import_paths_are_checked_at_config_load(plugin: str) -> None:
         f"{plugin}:missing": rf"module '{plugin}' has no attribute 'missing'",
         f"{plugin}:NOT_CALLABLE": r"'NOT_CALLABLE' is a int, not callable",
         f"{plugin}:": r"an import path is .package.module:attr., both parts non-empty",
-        "exakt": r"unknown reward; allowed: a registered reward \(arith, code_tests, exact, math, numeric\) or "
+        "exakt": r"unknown reward; allowed: a registered reward \(arith, code_tests, exact, is_number, math, numeric\) or "
         r"'package.module:function_or_Class'",
     }
     for value, message in cases.items():

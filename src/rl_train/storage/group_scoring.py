@@ -3,7 +3,8 @@
 Both replay buffers filter groups before training (DAPO dynamic sampling); the reward phase
 would score the same trajectories later anyway, so scoring here only moves that work earlier
 (the reward phase rewrites the same values). Only the fields the filter reads leave the queue
-(group, reward, the infrastructure flag), never the trajectories' tokens and log-probs.
+(group, reward, the infrastructure flag; the sub-scores when ``replay.filter_groups_metric``
+names one), never the trajectories' tokens and log-probs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ SCORED_FIELDS = ["group_id"]
 """What every trajectory has once generated."""
 OPTIONAL_SCORED_FIELDS = ["reward", "is_infra"]
 """What a trajectory has once scored (``reward``) or when infrastructure failed it (``is_infra``)."""
+REWARD_METRIC = "reward"
+"""``replay.filter_groups_metric``'s default: the score itself, not one of its sub-scores."""
 
 
 def trajectory_keys(groups: list[str], n: int) -> list[str]:
@@ -39,17 +42,23 @@ def _group_of(key: str) -> str:
     return key.rpartition("/")[0] or key
 
 
-def _read(tq: QueueStore, partition: str, keys: list[str]) -> list[dict[str, Any]]:
-    return tq.get(partition, keys, SCORED_FIELDS, OPTIONAL_SCORED_FIELDS)
+def _read(tq: QueueStore, partition: str, keys: list[str], extra: list[str]) -> list[dict[str, Any]]:
+    return tq.get(partition, keys, SCORED_FIELDS, OPTIONAL_SCORED_FIELDS + extra)
 
 
 def scored_records(
-    tq: QueueStore, rewards: Sequence[RewardScorer], partition: str, groups: list[str], n: int
+    tq: QueueStore,
+    rewards: Sequence[RewardScorer],
+    partition: str,
+    groups: list[str],
+    n: int,
+    extra: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The filter's fields of every trajectory of ``groups``, scoring unscored ones on
-    ``rewards`` first (spread across them)."""
+    """The filter's fields (and the optional ``extra`` ones) of every trajectory of ``groups``,
+    scoring unscored ones on ``rewards`` first (spread across them)."""
     keys = trajectory_keys(groups, n)
-    records = _read(tq, partition, keys)
+    extra = extra or []
+    records = _read(tq, partition, keys, extra)
     if any("reward" not in r for r in records):
         if not rewards:
             raise ValueError("the group filter needs rewards: give the buffer the reward pool")
@@ -57,23 +66,49 @@ def scored_records(
         for worker, shard in zip(rewards, shards, strict=True):
             if shard:
                 worker.score(partition, shard)
-        records = _read(tq, partition, keys)
+        records = _read(tq, partition, keys, extra)
     return records
 
 
 def groups_with_gradient(
-    tq: QueueStore, rewards: Sequence[RewardScorer], partition: str, groups: list[str], n: int
+    tq: QueueStore,
+    rewards: Sequence[RewardScorer],
+    partition: str,
+    groups: list[str],
+    n: int,
+    metric: str = REWARD_METRIC,
 ) -> dict[str, bool]:
-    """group -> has gradient, scoring unscored trajectories on ``rewards`` (spread across them)."""
+    """group -> has gradient by ``metric`` (the reward, or one of its sub-scores), scoring
+    unscored trajectories on ``rewards`` (spread across them)."""
     if not groups:
         return {}
-    records = scored_records(tq, rewards, partition, groups, n)
-    verdict = classify_groups(
-        [float(r["reward"]) for r in records],
-        [r["group_id"] for r in records],
-        [bool(r.get("is_infra", False)) for r in records],
-    )
+    extra = [] if metric == REWARD_METRIC else ["reward_sub_scores"]
+    records = scored_records(tq, rewards, partition, groups, n, extra)
+    infra = [bool(r.get("is_infra", False)) for r in records]
+    keys = trajectory_keys(groups, n)
+    values = [
+        0.0 if is_infra else _metric_value(tq, partition, key, record, metric)
+        for key, record, is_infra in zip(keys, records, infra, strict=True)
+    ]
+    verdict = classify_groups(values, [r["group_id"] for r in records], infra)
     return {g: verdict.get(g, False) for g in groups}
+
+
+def _metric_value(tq: QueueStore, partition: str, key: str, record: dict[str, Any], metric: str) -> float:
+    """The value the filter judges of a scored (not infra) trajectory; a sub-score its reward
+    did not return is a config error, named with the row's data_source."""
+    if metric == REWARD_METRIC:
+        return float(record["reward"])
+    sub_scores = record.get("reward_sub_scores") or {}
+    if metric not in sub_scores:
+        (row,) = tq.get(partition, [record["group_id"]], [], ["data_source"])
+        returned = ", ".join(sorted(sub_scores)) or "none"
+        raise ValueError(
+            f"replay.filter_groups_metric: {metric!r} is not a sub-score of trajectory {key!r} (data_source "
+            f"{row.get('data_source', '?')!r}; its reward returned sub-scores: {returned}); name one that every "
+            "data_source's reward returns, or 'reward'"
+        )
+    return float(sub_scores[metric])
 
 
 def real_score_counts(

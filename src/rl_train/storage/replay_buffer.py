@@ -5,8 +5,9 @@ replicas mark them ``running`` and ``finished`` and write ``n`` trajectories eac
 sampleable once its prompt is finished and all its trajectories are present; samples are
 taken oldest first. The async buffers of the async modes share this interface.
 
-DAPO group filter (R-7.3, opt-in with ``replay.filter_groups``): after each generation
-round the groups without gradient are evicted, and each evicted group is refilled with two
+DAPO group filter (R-7.3, opt-in with ``replay.filter_groups``; it judges the reward, or the
+sub-score ``replay.filter_groups_metric`` names): after each generation round the groups
+without gradient are evicted, and each evicted group is refilled with two
 fresh prompts (a second round would otherwise often come up short again). Once enough groups
 with gradient are ready, dispatch stops (draining) and ``sample`` discards the surplus. After
 ``replay.max_filter_rounds`` rounds, groups without gradient fill what is still missing (they
@@ -80,7 +81,7 @@ class ReplayBuffer(ReplayBufferBase[GeneratingReplica]):
             return self._refill_infra_groups(keys, step) if self.cfg.refill_infra_groups else keys
         ready: list[str] = []
         for round_number in range(1, self.cfg.max_filter_rounds + 1):
-            verdict = groups_with_gradient(self.tq, self.rewards, PARTITION, keys, self.n)
+            verdict = groups_with_gradient(self.tq, self.rewards, PARTITION, keys, self.n, self.cfg.filter_groups_metric)
             ready += [k for k in keys if verdict[k]]
             no_gradient = [k for k in keys if not verdict[k]]
             if len(ready) < num_groups and round_number == self.cfg.max_filter_rounds:

@@ -224,7 +224,8 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
     def _classify(self, groups: list[str]) -> dict[str, bool]:
         """group -> has gradient (R-7.3); groups are scored once, on the reward pool if needed."""
         new = [g for g in groups if g not in self._has_gradient]
-        self._has_gradient.update(groups_with_gradient(self.tq, self.rewards, PARTITION, new, self.n))
+        metric = self.cfg.filter_groups_metric
+        self._has_gradient.update(groups_with_gradient(self.tq, self.rewards, PARTITION, new, self.n, metric))
         return {g: self._has_gradient[g] for g in groups}
 
     def _failures_note(self) -> str:

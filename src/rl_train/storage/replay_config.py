@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rl_train.algorithms.config import StrictModel
 
@@ -20,6 +20,8 @@ class ReplayConfig(StrictModel):
     """drop: evict stale finished groups and refill; wait: block sampling while an in-flight prompt is at the limit."""
     filter_groups: bool = False
     """DAPO group filter (R-7.3): evict groups whose valid scores all agree (no gradient); sync refills 2 per evicted group and discards the surplus, async refills 1."""
+    filter_groups_metric: str = Field("reward", min_length=1)
+    """What the DAPO filter judges a group's spread on: reward (the score trained on) or the name of a sub-score every sample's reward returns (e.g. a hybrid stack's rule component, 'exact'); a sample without it fails the step, naming its data_source."""
     max_filter_rounds: int = Field(8, ge=1)
     """sync DAPO filter: generation rounds per batch; then groups without gradient fill what is missing."""
     refill_infra_groups: bool = False
@@ -38,3 +40,12 @@ class ReplayConfig(StrictModel):
     """separate_async starvation rescue (R-2.7): after this wait the trainer's spare engine generates (None: never)."""
     sampler: str | None = None
     """Custom replay buffer class as 'package.module:ClassName' (None: the mode's own buffer, R-2.9)."""
+
+    @model_validator(mode="after")
+    def _metric_needs_the_filter(self) -> ReplayConfig:
+        if self.filter_groups_metric != "reward" and not self.filter_groups:
+            raise ValueError(
+                f"filter_groups_metric: got {self.filter_groups_metric!r} with filter_groups false; the metric is "
+                "what the DAPO filter judges: set replay.filter_groups true, or leave the metric at 'reward'"
+            )
+        return self

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rl_train.algorithms.config import StrictModel
 from rl_train.engines.reward.gar_graders import check_grader
+from rl_train.engines.reward.hybrid_config import HybridConfig
 from rl_train.engines.reward.judge_config import JudgeConfig
 from rl_train.engines.reward.registry import REWARDS, check_reward
 from rl_train.engines.reward.remote_config import RemoteRewardConfig
@@ -27,7 +29,17 @@ class DefinedReward(Protocol):
     def build(self, name: str, settings: RewardSettings) -> Reward | BatchReward: ...
 
 
-DEFINING_SECTIONS: tuple[str, ...] = ("judges", "remote")
+@runtime_checkable
+class ComposedReward(Protocol):
+    """A defined reward made of other rewards (a hybrid stack): the names it uses are checked at
+    config load like the routes' (known, and no reward containing itself)."""
+
+    def references(self) -> Mapping[str, str]:
+        """Dotted path below the entry -> the reward name found there."""
+        ...
+
+
+DEFINING_SECTIONS: tuple[str, ...] = ("judges", "remote", "hybrid")
 """The fields of ``RewardConfig`` that define rewards by name (each a ``dict[str, DefinedReward]``);
 a name they define is routed like a registered one."""
 
@@ -85,6 +97,8 @@ class RewardConfig(StrictModel):
     """Generative judges by name: a model decodes a verdict on each trajectory through a rollout engine of its own, a parser reads its score (engines/reward/judge.py documents the template and parsers); routed by name in by_data_source / default."""
     remote: dict[str, RemoteRewardConfig] = Field(default_factory=dict)
     """Rewards behind an HTTP endpoint by name (e.g. `rl-train serve-reward`; engines/reward/wire.py documents the JSON it speaks); routed by name in by_data_source / default."""
+    hybrid: dict[str, HybridConfig] = Field(default_factory=dict)
+    """Hybrid stacks by name, each routable in by_data_source: components (other rewards) combined by weights, gates and a clip (engines/reward/hybrid_config.py)."""
     by_data_source: dict[str, str] = Field(default_factory=dict)
     """Reward per data_source (its exact name, or its longest prefix before a '/'): a registered reward or a function or class by import path ('my_pkg.rewards:unit_tests')."""
     default: str | None = None
@@ -123,8 +137,41 @@ class RewardConfig(StrictModel):
                         f"reward.{section}.{name}: a defined reward's name may not contain ':' nor be a "
                         f"registered reward's ({', '.join(REWARDS.names())})"
                     )
-        self.defined()
+        self._check_references()
         return self
+
+    def _check_references(self) -> None:
+        """Every reward a composed reward names is known, and none contains itself (the error
+        names the dotted path of the reference that closes the loop)."""
+        defined = self.defined()
+        uses: dict[str, list[tuple[str, str]]] = {}
+        for section in DEFINING_SECTIONS:
+            for name, entry in getattr(self, section).items():
+                if not isinstance(entry, ComposedReward):
+                    continue
+                for path, used in entry.references().items():
+                    where = f"reward.{section}.{name}.{path}"
+                    if used not in defined:
+                        try:
+                            check_reward(used)
+                        except ValueError as error:
+                            raise ValueError(f"{where}: {error}; or one this config defines ({', '.join(sorted(defined))})") from None
+                    uses.setdefault(name, []).append((where, used))
+        for name in uses:
+            _find_cycle(name, [name], uses)
+
+    def uses(self, names: AbstractSet[str]) -> set[str]:
+        """``names`` and every reward the composed ones among them use, all the way down (what a
+        run that routes to ``names`` scores with: the code_tests reward inside a hybrid runs code)."""
+        found, todo, defined = set(), list(names), self.defined()
+        while todo:
+            name = todo.pop()
+            if name not in found:
+                found.add(name)
+                entry = defined.get(name)
+                if isinstance(entry, ComposedReward):
+                    todo += entry.references().values()
+        return found
 
     def defined(self) -> Mapping[str, DefinedReward]:
         """The rewards the config's sections define, by name."""
@@ -141,9 +188,22 @@ class RewardConfig(StrictModel):
         return {*self.by_data_source.values(), *([self.default] if self.default else [])}
 
 
+def _find_cycle(start: str, chain: list[str], uses: Mapping[str, list[tuple[str, str]]]) -> None:
+    """Raises if a reward reachable from ``chain[-1]`` leads back to ``start``."""
+    for where, used in uses.get(chain[-1], []):
+        if used == start:
+            loop = " -> ".join([*chain, used])
+            raise ValueError(f"{where}: {used!r} contains itself ({loop}); a reward may not be its own component")
+        if used not in chain:
+            _find_cycle(start, [*chain, used], uses)
+
+
 @dataclass(frozen=True)
 class RewardSettings:
     """What a reward may read of the run's config when it is built (``from_settings``)."""
 
     reward: RewardConfig
     sandbox: SandboxConfig
+    built: dict[str, Reward | BatchReward] = field(default_factory=dict, compare=False, repr=False)
+    """The rewards built so far under these settings, by name (``build_reward`` fills it): a
+    reward named by a route and by a hybrid's component is built once (one model in memory)."""

@@ -40,6 +40,10 @@ REWARDS: Registry[Entry[Any]] = Registry(
             "rl_train.engines.reward.rules:MathAnswer",
             "1 if the final answer (last \\boxed{}, else after ####, else the last number) equals the ground truth.",
         ),
+        "is_number": Entry(
+            "rl_train.engines.reward.rules:is_number",
+            "1 if the response (blanks around it ignored) reads as one number, right or wrong: a format check for hybrid stacks.",
+        ),
         "code_tests": Entry(
             "rl_train.engines.reward.code_tests:CodeTestsReward",
             "The response's Python code run against the row's unit tests in the sandbox: the fraction passed.",
@@ -81,7 +85,14 @@ def check_import_path(value: str, what: str) -> str:
 
 
 def build_reward(name: str, settings: RewardSettings) -> Reward | BatchReward:
-    """The reward ``name`` (defined in the config, registered, or an import path), ready to score."""
+    """The reward ``name`` (defined in the config, registered, or an import path), ready to
+    score; built once under ``settings`` (``settings.built``), however many names reach it."""
+    if name not in settings.built:
+        settings.built[name] = _build(name, settings)
+    return settings.built[name]
+
+
+def _build(name: str, settings: RewardSettings) -> Reward | BatchReward:
     defined = settings.reward.defined()
     if name in defined:
         return defined[name].build(name, settings)

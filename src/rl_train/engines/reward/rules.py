@@ -4,7 +4,8 @@
 sequence, surrounding blanks ignored, must be the ground truth (its score on every answer is
 what it always was, so that runs and their resumes are unchanged). ``NumericMatch`` and
 ``MathAnswer`` compare numbers within ``reward.numeric``'s tolerances; ``MathAnswer`` first
-extracts the final answer (``answers.extract_answer``).
+extracts the final answer (``answers.extract_answer``). ``is_number`` checks the answer's form
+only (a number, right or wrong), for hybrid stacks (``hybrid.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ if TYPE_CHECKING:
 def exact_answer(trajectory: Trajectory) -> RewardResult:
     """1 if the response (up to end of sequence, surrounding blanks ignored) is the answer, else 0."""
     return RewardResult(1.0 if trajectory.response.strip() == trajectory.ground_truth.strip() else 0.0)
+
+
+def is_number(trajectory: Trajectory) -> RewardResult:
+    """1 if the response (up to end of sequence, surrounding blanks ignored) reads as one number,
+    right or wrong, else 0: a format check, the cheap component of a hybrid stack."""
+    return RewardResult(0.0 if parse_number(trajectory.response.strip()) is None else 1.0)
 
 
 def _same_answer(answer: str | None, truth: str, rel_tol: float, abs_tol: float) -> bool:
