@@ -55,7 +55,7 @@ def test_the_task_is_registered_and_written_with_its_tests(tmp_path: Path) -> No
 
 def test_the_right_body_passes_every_test_and_wrong_ones_fail_in_the_sandbox() -> None:
     _, val = tiny_function()
-    judged = reward().score_batch([answer(row, row["ground_truth"]) for row in val])
+    judged = reward().score_batch([answer(row, str(row["ground_truth"])) for row in val])
     assert all(result == RewardResult(1.0, {"tests_passed": 4.0, "tests_total": 4.0}) for result in judged)
     rows = {row["ground_truth"]: row for row in val}
     wrong = [
@@ -72,7 +72,7 @@ def test_the_right_body_passes_every_test_and_wrong_ones_fail_in_the_sandbox() -
 
 def test_without_the_prefix_the_response_runs_alone_and_a_row_without_it_is_refused() -> None:
     _, val = tiny_function()
-    alone = reward(prefix_field=None)(answer(val[0], val[0]["ground_truth"]))  # no def f: a NameError each test
+    alone = reward(prefix_field=None)(answer(val[0], str(val[0]["ground_truth"])))  # no def f: a NameError each test
     assert alone == RewardResult(0.0, {"tests_passed": 0.0, "tests_total": 4.0})
     row = {**val[0], "head": "def f(x):return "}
     assert reward(prefix_field="head")(answer(row, "x+2")).score == 1.0  # a column of the row
