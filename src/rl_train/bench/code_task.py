@@ -9,7 +9,7 @@ seconds of the reward phase per step (each distinct response a sandbox run; the 
 is in the figures of ``bench/RESULTS.md``). Exits 1 when a seed fails.
 
     python -m rl_train.bench.code_task                     # seed 0, the config's steps
-    python -m rl_train.bench.code_task --seeds 0 1 trainer.total_steps=40
+    python -m rl_train.bench.code_task trainer.total_steps=40 --seeds 0 1   # overrides before --seeds
 """
 
 from __future__ import annotations
