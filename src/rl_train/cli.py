@@ -68,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--pretrain-steps", type=int, default=300, help="format-pretraining steps (0 = random init)"
     )
     init_model.add_argument(
-        "--pretrain-task", choices=("arith", "tool_sum"), default="arith",
-        help="the format it learns: arith (sums answered directly) or tool_sum (sums through a calculator call)",
+        "--pretrain-task", choices=("arith", "tool_sum", "tiny_function"), default="arith",
+        help="the format it learns: arith (sums answered directly), tool_sum (sums through a calculator "
+        "call) or tiny_function (a function body after its prompt)",
     )  # fmt: skip
     init_model.add_argument(
         "--prior-correct", type=float, default=0.1, help="how often the pretraining text is right (0-1)"

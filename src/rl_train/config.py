@@ -48,8 +48,8 @@ class ModelConfig(StrictModel):
     """Create the built-in tiny policy at `path` when the directory does not exist."""
     pretrain_steps: int = Field(300, ge=0)
     """Format-pretraining steps when the built-in policy is created."""
-    pretrain_task: Literal["arith", "tool_sum"] = "arith"
-    """The format the built-in policy learns when created: arith (sums answered directly) or tool_sum (sums through a calculator call, then the answer)."""
+    pretrain_task: Literal["arith", "tool_sum", "tiny_function"] = "arith"
+    """The format the built-in policy learns when created: arith (sums answered directly), tool_sum (sums through a calculator call, then the answer) or tiny_function (a function body after its prompt, for the code task)."""
     pretrain_prior_correct: float = Field(0.1, ge=0, le=1)
     """How often the built-in policy's pretraining text is right (its faint prior for the task)."""
     impl: Literal["auto", "native", "transformers"] = "auto"

@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from rl_train.engines.model.tokenizer import build_char_tokenizer
+from rl_train.storage.builtin_data import TINY_FUNCTION_CONSTANTS, TINY_FUNCTION_OPS, tiny_function_prompt
 
 
 def tiny_qwen2_config(
@@ -80,7 +81,21 @@ def tool_corpus(num_samples: int, seed: int, prior_correct: float = 0.0) -> list
     return lines
 
 
-CORPORA = {"arith": format_corpus, "tool_sum": tool_corpus}
+def function_corpus(num_samples: int, seed: int, prior_correct: float = 0.0) -> list[str]:
+    """``tiny_function``'s prompts, each followed by a body ``x<op><digit>``: the prompt's own
+    function with probability ``prior_correct``, a random operator and digit otherwise. The
+    policy learns to write a body and stop; RL has to learn which one."""
+    rng = random.Random(seed)
+    ops = list(TINY_FUNCTION_OPS)
+    lines = []
+    for _ in range(num_samples):
+        op, constant = rng.choice(ops), rng.choice(TINY_FUNCTION_CONSTANTS)
+        body = f"x{op}{constant}" if rng.random() < prior_correct else f"x{rng.choice(ops)}{rng.randint(0, 9)}"
+        lines.append(tiny_function_prompt(op, constant) + body)
+    return lines
+
+
+CORPORA = {"arith": format_corpus, "tool_sum": tool_corpus, "tiny_function": function_corpus}
 """``model.pretrain_task``: the format the built-in policy learns before RL."""
 
 

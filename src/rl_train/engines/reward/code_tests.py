@@ -15,6 +15,18 @@ After it, everything is the model's: code that does not compile, raises, loops p
 alarms, exhausts its memory or exits early fails the tests it did not pass (score 0 when it
 passes none), never infra.
 
+A completion task (the prompt is the start of a function and the policy writes the rest) names
+the row's column that holds that start in ``reward.code_tests.prefix_field`` (``prompt`` for
+the prompt itself): the program is that text followed by the response's code, joined as is.
+
+Runs are the cost (a sandbox and an interpreter start each: about 0.1 s on two loaded cores),
+and a policy that is learning writes the same answer to the same problem again and again.
+``reward.code_tests.cache_size`` keeps that many verdicts by (program, tests), least recently
+used first out, across the worker's batches: a program already judged against the same tests
+takes the verdict it got, and a batch runs each distinct program once. This assumes
+deterministic tests (no randomness, no clock, nothing near a time limit); it is off by
+default. A run that failed for the infrastructure is never kept.
+
 What this does not stop: the model's code runs in the harness's interpreter, so code written
 to read the harness (its frames, its nonce, its output descriptor) could forge verdicts. The
 sandbox bounds what such code can do to the machine, not what it can claim about its tests.
@@ -24,6 +36,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -102,6 +115,24 @@ def row_tests(trajectory: Trajectory, field: str) -> tuple[str, ...]:
     )
 
 
+def row_prefix(trajectory: Trajectory, field: str | None) -> str:
+    """The code that goes before the response's (``reward.code_tests.prefix_field``): the
+    prompt, or a text column of the row; a row without it is bad data, and raises."""
+    if field is None:
+        return ""
+    prefix = trajectory.prompt if field == "prompt" else trajectory.extra.get(field)
+    if not isinstance(prefix, str):
+        raise ValueError(
+            f"code_tests: a row of data_source {trajectory.data_source!r} has {field}={prefix!r}; it needs the "
+            f"code the response completes, a string, in column {field!r} (reward.code_tests.prefix_field)"
+        )
+    return prefix
+
+
+Job = tuple[str, tuple[str, ...]]
+"""What one sandbox run judges: the program (prefix and response's code) and the row's tests."""
+
+
 class CodeTestsReward:
     """The fraction of the row's unit tests the response's code passes (or 1 only if all pass),
     run in the sandbox; sub-scores ``tests_passed`` and ``tests_total``."""
@@ -110,6 +141,8 @@ class CodeTestsReward:
         self, config: CodeTestsConfig, limits: Limits, allow_unsandboxed: bool = False, run: Runner = run_python
     ) -> None:
         self.config, self.limits, self.allow_unsandboxed, self.run = config, limits, allow_unsandboxed, run
+        self.cache: OrderedDict[Job, RewardResult] = OrderedDict()
+        """Verdicts by job, least recently used first (``reward.code_tests.cache_size``)."""
 
     @classmethod
     def from_settings(cls, settings: RewardSettings) -> CodeTestsReward:
@@ -120,20 +153,57 @@ class CodeTestsReward:
         limits = sandbox.tool_limits(settings.reward.code_tests.timeout_s)
         return cls(settings.reward.code_tests, limits, sandbox.allow_unsandboxed)
 
+    def job(self, trajectory: Trajectory) -> Job:
+        """The program and tests of a trajectory; raises on a row without its tests or prefix."""
+        tests = row_tests(trajectory, self.config.tests_field)
+        return row_prefix(trajectory, self.config.prefix_field) + extract_code(trajectory.response), tests
+
     def score_batch(self, trajectories: Sequence[Trajectory]) -> list[RewardResult]:
         """Each trajectory's result, in order, ``reward.code_tests.max_parallel`` sandboxes at a
-        time (each is a process of its own; the threads only wait on them)."""
-        for trajectory in trajectories:  # bad data fails the batch before anything runs
-            row_tests(trajectory, self.config.tests_field)
-        if len(trajectories) <= 1 or self.config.max_parallel == 1:
-            return [self(t) for t in trajectories]
-        with ThreadPoolExecutor(min(self.config.max_parallel, len(trajectories)), "code-tests") as pool:
-            return list(pool.map(self, trajectories))
+        time (each is a process of its own; the threads only wait on them). With the cache on,
+        each distinct job runs once, and only if no verdict is kept for it."""
+        jobs = [self.job(t) for t in trajectories]  # bad data fails the batch before anything runs
+        caching = self.config.cache_size > 0
+        results: dict[Job, RewardResult] = {}
+        if caching:
+            results = {job: self.cache[job] for job in dict.fromkeys(jobs) if job in self.cache}
+        to_run = [job for job in dict.fromkeys(jobs) if job not in results] if caching else jobs
+        if len(to_run) <= 1 or self.config.max_parallel == 1:
+            ran = [self.judge(job) for job in to_run]
+        else:
+            with ThreadPoolExecutor(min(self.config.max_parallel, len(to_run)), "code-tests") as pool:
+                ran = list(pool.map(self.judge, to_run))
+        if not caching:
+            return ran
+        results.update(zip(to_run, ran, strict=True))
+        for job in dict.fromkeys(jobs):
+            self.remember(job, results[job])
+        return [results[job] for job in jobs]
 
     def __call__(self, trajectory: Trajectory) -> RewardResult:
-        tests = row_tests(trajectory, self.config.tests_field)
+        job = self.job(trajectory)
+        if self.config.cache_size > 0 and job in self.cache:
+            self.cache.move_to_end(job)
+            return self.cache[job]
+        result = self.judge(job)
+        self.remember(job, result)
+        return result
+
+    def remember(self, job: Job, result: RewardResult) -> None:
+        """Keep a verdict (the newest last), dropping the least recently used past
+        ``cache_size``; an infra result is no verdict, and is not kept."""
+        if self.config.cache_size == 0 or result.is_infra:
+            return
+        self.cache[job] = result
+        self.cache.move_to_end(job)
+        while len(self.cache) > self.config.cache_size:
+            self.cache.popitem(last=False)
+
+    def judge(self, job: Job) -> RewardResult:
+        """One sandbox run of a program against its tests."""
+        code, tests = job
         nonce = secrets.token_hex(16)
-        payload = repr((extract_code(trajectory.response), tests, self.config.test_timeout_s, nonce))
+        payload = repr((code, tests, self.config.test_timeout_s, nonce))
         program = HARNESS.replace("PAYLOAD", payload, 1)
         try:
             ran = self.run(

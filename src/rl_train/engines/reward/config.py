@@ -64,6 +64,10 @@ class CodeTestsConfig(StrictModel):
     """code_tests: sandboxes one reward worker runs at once (each response's run is one)."""
     max_output_bytes: int = Field(64 << 10, ge=1024)
     """code_tests: what is read of the run's stdout and stderr, bytes each (the verdicts are a few bytes per test)."""
+    prefix_field: str | None = None
+    """code_tests: the row's column whose text goes before the response's code, as is (the start of a function the policy completes; 'prompt' is the row's prompt); None: the response's code runs alone."""
+    cache_size: int = Field(0, ge=0)
+    """code_tests: verdicts kept by (program, tests), so a program already judged against the same tests is not run again, in one batch or a later one; assumes the tests are deterministic (the same program always gets the same verdict). 0: off."""
 
 
 class GarConfig(StrictModel):
