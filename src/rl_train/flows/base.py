@@ -220,7 +220,7 @@ class BaseTrainer(ABC):
         """The configured sampler class, or the mode's own, over the run's queue and replicas."""
         spec = self.config.replay.sampler
         cls = load_sampler_class(spec) if spec else self.replay_buffer_class
-        return cls(
+        buffer: ReplayBufferBase = cls(
             pools.queue.records,
             pools.rollout.replicas,
             loader,
@@ -229,6 +229,8 @@ class BaseTrainer(ABC):
             config=self.config.replay,
             rewards=pools.reward.workers,
         )
+        buffer.streaming = self.config.reward.streaming
+        return buffer
 
     def fit(self) -> list[dict[str, Any]]:
         """init, the steps, teardown: pools, sockets and shared memory are released on every exit."""

@@ -8,6 +8,7 @@ would score the same trajectories later anyway, so scoring here only moves that 
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,21 @@ def trajectory_keys(groups: list[str], n: int) -> list[str]:
     return [f"{g}/{j}" for g in groups for j in range(n)]
 
 
+def owner_of(group: str, num_workers: int) -> int:
+    """The reward worker that scores ``group`` (whole): the same in every process (a rollout
+    replica hands a finished group to it, the buffer and the reward phase ask it), so one worker
+    sees every request for a group and never scores it twice (``reward.streaming``)."""
+    return zlib.crc32(group.encode()) % num_workers
+
+
+def groups_by_owner(groups: list[str], num_workers: int) -> list[list[str]]:
+    """``groups`` split by ``owner_of``, in their order: one list per worker."""
+    owned: list[list[str]] = [[] for _ in range(num_workers)]
+    for group in groups:
+        owned[owner_of(group, num_workers)].append(group)
+    return owned
+
+
 def _read(tq: QueueStore, partition: str, keys: list[str]) -> list[dict[str, Any]]:
     return tq.get(partition, keys, SCORED_FIELDS, OPTIONAL_SCORED_FIELDS)
 
@@ -31,17 +47,17 @@ def _read(tq: QueueStore, partition: str, keys: list[str]) -> list[dict[str, Any
 def scored_records(
     tq: QueueStore, rewards: Sequence[RewardScorer], partition: str, groups: list[str], n: int
 ) -> list[dict[str, Any]]:
-    """The filter's fields of every trajectory of ``groups``, scoring unscored ones on
-    ``rewards`` first (spread across them)."""
+    """The filter's fields of every trajectory of ``groups``, scoring the groups with an
+    unscored trajectory on ``rewards`` first (each group on its owner, ``owner_of``)."""
     keys = trajectory_keys(groups, n)
     records = _read(tq, partition, keys)
-    if any("reward" not in r for r in records):
+    unscored = list(dict.fromkeys(r["group_id"] for r in records if "reward" not in r))
+    if unscored:
         if not rewards:
             raise ValueError("the group filter needs rewards: give the buffer the reward pool")
-        shards = [keys[i :: len(rewards)] for i in range(len(rewards))]
-        for worker, shard in zip(rewards, shards, strict=True):
-            if shard:
-                worker.score(partition, shard)
+        for worker, owned in zip(rewards, groups_by_owner(unscored, len(rewards)), strict=True):
+            if owned:
+                worker.score(partition, trajectory_keys(owned, n))
         records = _read(tq, partition, keys)
     return records
 

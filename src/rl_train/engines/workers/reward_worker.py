@@ -5,10 +5,16 @@ versions) and the rows of their prompts, scores them through the run's ``RewardR
 writes back ``reward`` and ``is_infra`` (with ``reward_sub_scores`` and ``infra_reason`` where
 there are any). An infra-failed sample's ``reward`` is 0.0 and means nothing: the group filter
 and the advantage read ``is_infra`` and leave it out.
+
+With ``reward.streaming`` it also scores in the background: rollout replicas hand it the
+prompt groups it owns as they finish (``submit``), and a thread scores them
+(``reward_stream.ScoringQueue``), tagging each group ``scored``. ``score`` (the reward phase,
+the group filter) then reads those results back rather than scoring them again.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import ray
@@ -21,6 +27,22 @@ from rl_train.engines.reward.router import RewardRouter
 from rl_train.engines.reward.trajectory import OPTIONAL_TRAJECTORY_FIELDS, TRAJECTORY_FIELDS, TrajectoryReader
 from rl_train.engines.sandbox import SandboxConfig
 from rl_train.engines.workers.named_actor import resolve_actor
+from rl_train.engines.workers.placement import check_device
+from rl_train.engines.workers.reward_stream import ScoringQueue
+from rl_train.storage.group_scoring import trajectory_keys
+
+RESULT_FIELDS = ["reward", "is_infra", "reward_sub_scores", "infra_reason"]
+"""What a scored trajectory's record holds of its result (``result_fields``)."""
+
+
+def stored_result(record: dict[str, Any]) -> RewardResult:
+    """The result ``result_fields`` wrote on a record, back."""
+    return RewardResult(
+        float(record["reward"]),
+        dict(record.get("reward_sub_scores") or {}),
+        bool(record.get("is_infra", False)),
+        str(record.get("infra_reason", "")),
+    )
 
 
 def result_fields(result: RewardResult) -> dict[str, Any]:
@@ -39,25 +61,77 @@ class RewardWorker:
         self, model_path: str, tq: Any, reward: dict[str, Any] | None = None, sandbox: dict[str, Any] | None = None
     ) -> None:
         """``reward`` and ``sandbox``: the run's sections (dumped), how it scores and runs code."""
+        config = RewardConfig.model_validate(reward or {})
+        check_device(config.device, "reward.device")
         self.reader = TrajectoryReader(load_response_decoder(model_path))  # transformers only where needed
         self.eos_token_id = self.reader.eos_token_id
-        self.router = RewardRouter(RewardConfig.model_validate(reward or {}), SandboxConfig.model_validate(sandbox or {}))
+        self.router = RewardRouter(config, SandboxConfig.model_validate(sandbox or {}))
         self.router.build_configured()
         self.tq = resolve_actor(tq)
+        self._scoring = threading.Lock()
+        """One scoring at a time: the background thread's and a caller's share the rewards."""
+        self.stream = ScoringQueue(self.score_groups)
+
+    # -- streaming (``reward.streaming``) ------------------------------------------------
+    def submit(self, partition: str, groups: list[str], n: int, *after: Any) -> int:
+        """Queue finished groups to score in the background and return at once (``after``: the
+        queue writes that finished them, resolved by Ray before this runs). Returns how many
+        were new here (a group queued or being scored already is ignored)."""
+        return self.stream.submit(partition, groups, n)
+
+    def score_groups(self, partition: str, groups: list[str], n: int) -> int:
+        """Score the groups that are finished and not scored yet, and write their scores with
+        the ``scored`` tag on each prompt (``update``: a group evicted meanwhile is skipped).
+        Returns how many groups it scored."""
+        finished = set(ray.get(self.tq.query.remote(partition, kind="prompt", status="finished")))
+        scored = set(ray.get(self.tq.query.remote(partition, kind="prompt", scored=True)))
+        todo = [g for g in groups if g in finished and g not in scored]
+        if not todo:
+            return 0
+        keys = trajectory_keys(todo, n)
+        records = ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS, OPTIONAL_TRAJECTORY_FIELDS))
+        rows = dict(zip(todo, ray.get(self.tq.get.remote(partition, todo)), strict=True))
+        with self._scoring:
+            samples = self.score_records(records, rows)
+        fields = {k: result_fields(s.result) for k, s in zip(keys, samples, strict=True)}
+        ray.get(self.tq.update.remote(partition, fields, {g: {"scored": True} for g in todo}))
+        return len(todo)
+
+    def streamed(self) -> dict[str, int]:
+        """Groups scored in the background so far, and those queued or being scored now."""
+        return {"scored_groups": self.stream.scored_groups, "pending_groups": self.stream.pending()}
 
     def response_text(self, record: dict[str, Any]) -> str:
         """The model's answer (``TrajectoryReader.response_text``)."""
         return self.reader.response_text(record)
 
     def score(self, partition: str, keys: list[str]) -> list[ScoredSample]:
-        """Write ``reward`` and ``is_infra`` on each trajectory; returns the results in key order."""
-        records = ray.get(self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS, OPTIONAL_TRAJECTORY_FIELDS))
-        groups = list(dict.fromkeys(r["group_id"] for r in records))
-        rows = dict(zip(groups, ray.get(self.tq.get.remote(partition, groups)), strict=True))
-        samples = self.score_records(records, rows)
-        fields = {k: result_fields(s.result) for k, s in zip(keys, samples, strict=True)}
-        ray.get(self.tq.put.remote(partition, fields))
-        return samples
+        """Write ``reward`` and ``is_infra`` on each trajectory; returns the results in key order.
+
+        The trajectories of a group scored in the background (tagged ``scored``) are read back,
+        not scored again; a group queued or being scored here is claimed first (``keys``: whole
+        groups, each on its owner, ``owner_of``)."""
+        groups = list(dict.fromkeys(key.rsplit("/", 1)[0] for key in keys))
+        self.stream.claim(partition, groups)
+        done = set(ray.get(self.tq.query.remote(partition, kind="prompt", scored=True))).intersection(groups)
+        records = ray.get(
+            self.tq.get.remote(partition, keys, TRAJECTORY_FIELDS, [*OPTIONAL_TRAJECTORY_FIELDS, *RESULT_FIELDS])
+        )
+        todo = [i for i, r in enumerate(records) if r["group_id"] not in done]
+        samples: list[ScoredSample | None] = [
+            None if r["group_id"] not in done else ScoredSample(str(r["data_source"]), stored_result(r), streamed=True)
+            for r in records
+        ]
+        if todo:
+            todo_groups = list(dict.fromkeys(records[i]["group_id"] for i in todo))
+            rows = dict(zip(todo_groups, ray.get(self.tq.get.remote(partition, todo_groups)), strict=True))
+            with self._scoring:
+                scored = self.score_records([records[i] for i in todo], rows)
+            for i, sample in zip(todo, scored, strict=True):
+                samples[i] = sample
+            fresh = {keys[i]: result_fields(sample.result) for i, sample in zip(todo, scored, strict=True)}
+            ray.get(self.tq.put.remote(partition, fresh))
+        return [s for s in samples if s is not None]
 
     def score_records(self, records: list[dict[str, Any]], rows: dict[str, dict[str, Any]]) -> list[ScoredSample]:
         """The results of trajectory ``records`` (their ``TRAJECTORY_FIELDS``), given their
