@@ -323,6 +323,11 @@ class BaseTrainer(ABC):
             "rollout/busy_seconds": busy,
             "rollout/idle_fraction": max(0.0, 1.0 - busy / wall_seconds) if wall_seconds > 0 else 0.0,
             "rollout/groups_awaiting_tools": sum(a["groups_awaiting_tools"] for a in activity),
+            # every replica's generated tokens over the step's wall time: what a slow grader
+            # must not lower in the async modes (reward.streaming)
+            "rollout/tokens_per_second": sum(a.get("generated_tokens", 0.0) for a in activity) / wall_seconds
+            if wall_seconds > 0
+            else 0.0,
             # requests per engine batch: a multi-turn loop's rounds are small unless batched
             "rollout/rows_per_engine_batch": sum(a["engine_rows"] for a in activity)
             / max(sum(a["engine_batches"] for a in activity), 1.0),

@@ -106,6 +106,8 @@ class RolloutWorker:
         )
         self.background = GatedEngine(self.turns, self.loop)
         """The engine as background generation sees it: its calls wait out a pause."""
+        self._generated_tokens = 0
+        """Tokens sampled into written trajectories since ``pop_activity`` (``rollout/tokens_per_second``)."""
         self._incarnation = uuid.uuid4().hex
         """New each time the actor is (re)constructed: how the pools notice a restart."""
         if not rescue:  # the spare shares a training rank's process, which froze its own at start
@@ -261,6 +263,7 @@ class RolloutWorker:
         """The queue records and tags of finished trajectories (R-5.6): a continued single turn
         keeps its earlier tokens' log-probs and versions; a multi-turn one adds its mask and turns."""
         records, tags = {}, {}
+        self._generated_tokens += sum(sum(result.response_mask) for result in results)  # sampled now, not tool answers
         for result in results:
             key = group_of(result.request_id)
             group = batch.groups[key]
@@ -329,7 +332,12 @@ class RolloutWorker:
         """Engine-busy seconds since the last call (the rest of the wall time rollout was idle),
         the engine batches run and their requests, and the groups whose tool calls are still
         running."""
-        return {**self.turns.pop_counts(), "groups_awaiting_tools": float(self.tool_calls.pending())}
+        tokens, self._generated_tokens = self._generated_tokens, 0
+        return {
+            **self.turns.pop_counts(),
+            "groups_awaiting_tools": float(self.tool_calls.pending()),
+            "generated_tokens": float(tokens),
+        }
 
     # -- lifecycle and weights ----------------------------------------------------------
     def sleep(self) -> None:
