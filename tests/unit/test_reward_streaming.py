@@ -162,7 +162,7 @@ def test_a_finished_group_is_sampled_only_once_its_scores_are_in() -> None:
     batch = buffer.sample(2, step=1)
     assert tq.get_batch(batch)["groups"] == ["p0", "p1"]
     metrics = buffer.pop_metrics()
-    assert metrics["replay/awaiting_scores"] == 0 and metrics["replay/handed_again"] == 1
+    assert metrics["replay/awaiting_scores_max"] == 1 and metrics["replay/handed_again"] == 1
 
 
 def test_a_group_left_unscored_is_handed_again_at_each_liveness_check(
@@ -186,4 +186,4 @@ def test_without_streaming_a_finished_group_is_sampled_as_before() -> None:
     buffer.dispatch(1, step=1)
     _finish(tq, "p0", scored=False)  # the reward phase scores it
     assert tq.get_batch(buffer.sample(1, step=1))["groups"] == ["p0"]
-    assert scorer.submitted == [] and "replay/awaiting_scores" not in buffer.pop_metrics()
+    assert scorer.submitted == [] and "replay/awaiting_scores_max" not in buffer.pop_metrics()

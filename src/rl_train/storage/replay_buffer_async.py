@@ -177,7 +177,6 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         self._sampled.update(groups)
         self._staleness += [(step - 1) - self._versions[g] for g in groups]
         self._depth = len(ready) - num_groups
-        self._counts["awaiting_scores"] = len(self._awaiting)
         keys = trajectory_keys(groups, self.n)
         batch_id = f"step{step}-{uuid.uuid4().hex[:8]}"
         self.tq.put_batch(batch_id, PARTITION, keys, groups=groups, step=step)
@@ -218,6 +217,7 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         evicted += self._evict(stale, "staleness")  # both strategies: the bound holds
         ready = [k for k in finished if k in self._versions and k not in unscored]
         self._awaiting = [k for k in finished if k in self._versions and k in unscored]
+        self._counts["awaiting_scores"] = max(self._counts["awaiting_scores"], len(self._awaiting))
         if self._hand_again_due:
             self._hand_to_scorers(self._awaiting)
             self._hand_again_due = False
@@ -313,8 +313,8 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         names = ("evicted_staleness", "evicted_filter", "evicted_failure", "refill", "retried_failure")
         for name in (*names, "requeued_lost", "rescue_activations", "rescue_groups"):
             metrics[f"replay/{name}"] = float(self._counts[name])
-        if self.streaming:  # finished groups left waiting for their scores when the batch was sampled
-            metrics["replay/awaiting_scores"] = float(self._counts["awaiting_scores"])
+        if self.streaming:  # the most finished groups seen waiting for their scores at once
+            metrics["replay/awaiting_scores_max"] = float(self._counts["awaiting_scores"])
             metrics["replay/handed_again"] = float(self._counts["handed_again"])
         metrics["rollout/revived_replicas"] = float(self._counts["revived_replicas"])
         for value in range(max(stale) + 1):
