@@ -263,7 +263,9 @@ class RolloutWorker:
         """The queue records and tags of finished trajectories (R-5.6): a continued single turn
         keeps its earlier tokens' log-probs and versions; a multi-turn one adds its mask and turns."""
         records, tags = {}, {}
-        self._generated_tokens += sum(sum(result.response_mask) for result in results)  # sampled now, not tool answers
+        self._generated_tokens += sum(  # sampled now: not a prefix given back, nor tool answers
+            sum(result.response_mask) if result.response_mask else len(result.log_probs) for result in results
+        )
         for result in results:
             key = group_of(result.request_id)
             group = batch.groups[key]
