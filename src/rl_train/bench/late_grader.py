@@ -13,7 +13,7 @@ slow run's to the fast run's, measured in this run. ``--no-streaming`` adds the 
 scored in the reward phase instead, for contrast.
 
     python -m rl_train.bench.late_grader                      # defaults below
-    python -m rl_train.bench.late_grader --steps 6 --grader-seconds 2
+    python -m rl_train.bench.late_grader --steps 6 --grader-seconds 2 --no-streaming
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from rl_train.engines.reward.registry import build_reward
 GRADER_SECONDS_ENV = "RL_TRAIN_LATE_GRADER_SECONDS"
 """The grader's sleep per batch, seconds (read where it is built: the reward worker's process)."""
 DEFAULT_GRADER_SECONDS = 1.0
-GRADER = f"{__name__}:SleepingGrader"
+GRADER = "rl_train.bench.late_grader:SleepingGrader"
+"""By import path, as a user names their reward (the module is ``__main__`` when run as a script)."""
 
 
 class SleepingGrader:
@@ -138,9 +139,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--steps", type=int, default=5, help="global steps per run")
     parser.add_argument("--grader-seconds", type=float, default=DEFAULT_GRADER_SECONDS, help="the slow grader's sleep per batch")
     parser.add_argument("--no-streaming", action="store_true", help="also run the slow grader scored in the reward phase")
+    parser.add_argument("--model-dir", type=Path, default=None, help="a policy to use (default: the built-in tiny one, made now)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rlt-late-grader-") as tmp:
-        results = compare(args.steps, args.grader_seconds, args.no_streaming, Path(tmp))
+        results = compare(args.steps, args.grader_seconds, args.no_streaming, Path(tmp), args.model_dir)
     report(results, args.steps, args.grader_seconds)
     return results
 
