@@ -187,3 +187,20 @@ def test_without_streaming_a_finished_group_is_sampled_as_before() -> None:
     _finish(tq, "p0", scored=False)  # the reward phase scores it
     assert tq.get_batch(buffer.sample(1, step=1))["groups"] == ["p0"]
     assert scorer.submitted == [] and "replay/awaiting_scores_max" not in buffer.pop_metrics()
+
+
+def test_groups_waiting_for_their_scores_free_their_rollout_slots_up_to_the_target() -> None:
+    buffer, tq, _ = _streaming_buffer()
+    buffer.dispatch(2, step=1)  # target 2 (no prefetch): p0, p1
+    for group in ("p0", "p1"):
+        _finish(tq, group, scored=False)  # both finished, their grader late
+    with pytest.raises(SampleTimeoutError):
+        buffer.sample(2, step=1)
+    # rollout was given two more groups while the scores lagged, not left idle; never more than
+    # the target again (a grader that never answers does not grow the queue without bound)
+    assert tq.query("train", kind="prompt") == ["p0", "p1", "p2", "p3"]
+    for group in ("p2", "p3"):
+        _finish(tq, group, scored=False)
+    with pytest.raises(SampleTimeoutError):
+        buffer.sample(2, step=1)
+    assert len(tq.query("train", kind="prompt")) == 4

@@ -31,7 +31,9 @@ Prompts that have no tokens yet are as old as the version served when they were 
   failing is bounded by ``sample_timeout_seconds``, whose error then says so.
 - Streaming scores (``reward.streaming``, on by default here): a finished group is sampled only
   once its prompt is tagged ``scored`` (the reward workers score groups as rollout finishes
-  them); until then it waits, while rollout goes on. Groups still unscored are handed to their
+  them); until then it waits, while rollout goes on: a group waiting for its scores does not
+  count among the outstanding ones (up to the target again), so a late grader never leaves
+  rollout idle. Groups still unscored are handed to their
   reward workers again at the first scan (a resumed run's) and at each liveness check (a worker
   that died lost its queue); a worker ignores those it holds already.
 - Groups are sampled oldest first (oldest token version, then dispatch order).
@@ -107,7 +109,11 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         return [k for k in self.tq.query(PARTITION, kind="prompt") if k not in self._sampled]
 
     def _top_up(self, step: int) -> list[str]:
-        missing = self._target - len(self._outstanding())
+        """Draw what the target misses. Groups finished and waiting for their scores
+        (``streaming``) do not count, up to the target again: rollout goes on producing while
+        scores lag, rather than idle until a late grader frees its slots."""
+        lagging = min(len(self._awaiting), self._target) if self.streaming else 0
+        missing = self._target + lagging - len(self._outstanding())
         return [self._draw_one(step) for _ in range(max(missing, 0))]
 
     def _draw_one(self, step: int, enqueue: bool = True) -> str:
@@ -221,6 +227,8 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         if self._hand_again_due:
             self._hand_to_scorers(self._awaiting)
             self._hand_again_due = False
+        if self._awaiting:  # late scores hold no rollout slot
+            self._top_up(step)
         if self.cfg.filter_groups:
             no_gradient = [k for k, ok in self._classify(ready).items() if not ok]
             evicted += self._evict(no_gradient, "filter")
