@@ -37,6 +37,9 @@ ASYNC_DEFAULTS: dict[str, DefaultValue] = {
     # stayed at 0.09 mean reward after 40 steps, with token-level TIS it reached 0.40
     # (sync: 0.35). The tiny policy moves several nats per version on some tokens.
     "algorithm.rollout_correction.preset": "token_is",
+    # Groups are scored as they finish, beside rollout; the buffer samples scored groups only,
+    # so a slow grader delays what is trained, never what is generated (R-6.1).
+    "reward.streaming": True,
 }
 COPY_PI_OLD = "algorithm.rollout_correction.bypass_current_version"
 """A trajectory generated wholly by pi_old's weights needs no second pass for its old log-probs
@@ -148,6 +151,13 @@ def _separate_async_errors(config: Config) -> list[str]:
         errors.append(
             "rollout.weight_sync.backend: 'naive' hands weights over in one process; "
             "separate_async pushes across pools: use 'bucketed' or 'delta'"
+        )
+    models = config.reward.model_rewards()
+    if models and config.reward.placement != "own_pool":
+        errors.append(
+            f"reward.placement: got {config.reward.placement!r} with model-based rewards ({', '.join(models)}); "
+            "separate_async's rollout pool never sleeps, so a reward model cannot share its devices "
+            "(R-2.6): set reward.placement to 'own_pool'"
         )
     return errors
 

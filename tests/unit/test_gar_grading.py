@@ -19,7 +19,6 @@ from rl_train.engines.reward.base import (
 from rl_train.engines.reward.config import GarConfig
 from rl_train.engines.reward.gar_graders import GROUP_GRADERS, Brevity, GroupGrading, build_grader
 from rl_train.registry import registries
-from rl_train.storage.group_scoring import split_by_group
 
 GRADER = "gar_grader_plugin"
 GRADER_SOURCE = '''
@@ -161,10 +160,3 @@ def test_whole_groups_are_graded_once_and_a_failed_grader_is_recorded(plugin: st
         ValueError, match=rf"group grader '{plugin}:wrong_length' returned 1 verdicts for a group of 2"
     ):
         broken.fields(["g", "g"], trajectories[:2], results[:2], [{}, {}])
-
-
-def test_reward_workers_get_whole_groups() -> None:
-    keys = [f"{g}/{j}" for g in ("a", "b", "c") for j in range(3)]
-    assert split_by_group(keys, 2) == [["a/0", "a/1", "a/2", "c/0", "c/1", "c/2"], ["b/0", "b/1", "b/2"]]
-    assert split_by_group(keys[::-1], 1) == [keys[::-1]]
-    assert split_by_group(["v1-0", "v1-1"], 2) == [["v1-0"], ["v1-1"]]  # a key of no group is its own

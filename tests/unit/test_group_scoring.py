@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rl_train.storage.group_scoring import groups_with_gradient
+from rl_train.storage.group_scoring import groups_with_gradient, owner_of
 from rl_train.storage.transfer_queue import TransferQueue
 
 N = 2
@@ -69,13 +69,17 @@ def test_scored_groups_are_classified_from_three_fields_without_scoring() -> Non
     assert tq.fields_read == {"group_id", "reward", "is_infra"}  # never the tokens or the answer
 
 
-def test_unscored_trajectories_are_scored_across_the_reward_workers_first() -> None:
+def test_unscored_groups_are_scored_whole_on_their_owner_reward_workers_first() -> None:
     tq = FieldCountingQueue()
     _group(tq, "a", [0, 1], scored=False)
-    _group(tq, "b", [0, 0], scored=False)
+    _group(tq, "d", [0, 0], scored=False)
+    _group(tq, "h", [1, 1], scored=False)
     workers = [ScoringWorker(tq), ScoringWorker(tq)]
-    assert groups_with_gradient(tq, workers, "train", ["a", "b"], N) == {"a": True, "b": False}
-    assert [w.calls for w in workers] == [[["a/0", "a/1"]], [["b/0", "b/1"]]]  # whole groups, round robin (GAR)
+    assert groups_with_gradient(tq, workers, "train", ["a", "d", "h"], N) == {"a": True, "d": False, "h": False}
+    # each group whole on its owner (crc32 of its key modulo 2: d -> 0; a, h -> 1), the worker
+    # that a rollout replica hands it to when it streams scores
+    assert owner_of("d", 2) == 0 and owner_of("a", 2) == owner_of("h", 2) == 1
+    assert [w.calls for w in workers] == [[["d/0", "d/1"]], [["a/0", "a/1", "h/0", "h/1"]]]
     assert tq.fields_read == {"group_id", "reward"}
 
 

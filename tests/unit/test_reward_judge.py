@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from rl_train.config import load_config
 from rl_train.engines.model.tokenizer import load_tokenizer
-from rl_train.engines.reward.base import RewardResult, Trajectory
+from rl_train.engines.reward.base import ModelReward, RewardResult, Trajectory
 from rl_train.engines.reward.config import RewardConfig
 from rl_train.engines.reward.judge import GenerativeJudge, VerdictParser
 from rl_train.engines.reward.judge_config import DEFAULT_TEMPLATE, JudgeConfig, VerdictParserConfig
@@ -245,6 +245,7 @@ def test_the_batch_decodes_as_one_call_and_scores_as_one_by_one(tiny_model_dir: 
 
 def test_the_judge_sleeps_and_wakes_with_its_engine(tiny_model_dir: Path) -> None:
     judge = GenerativeJudge.load("j", JudgeConfig(model_path=str(tiny_model_dir), max_new_tokens=2))
+    assert isinstance(judge, ModelReward) and JudgeConfig.holds_model  # placed, and put to sleep when colocated
     judge.sleep()
     with pytest.raises(EngineStateError, match="asleep"):
         judge.score_batch(sums(1))

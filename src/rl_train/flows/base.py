@@ -220,7 +220,7 @@ class BaseTrainer(ABC):
         """The configured sampler class, or the mode's own, over the run's queue and replicas."""
         spec = self.config.replay.sampler
         cls = load_sampler_class(spec) if spec else self.replay_buffer_class
-        return cls(
+        buffer: ReplayBufferBase = cls(
             pools.queue.records,
             pools.rollout.replicas,
             loader,
@@ -229,6 +229,8 @@ class BaseTrainer(ABC):
             config=self.config.replay,
             rewards=pools.reward.workers,
         )
+        buffer.streaming = self.config.reward.streaming
+        return buffer
 
     def fit(self) -> list[dict[str, Any]]:
         """init, the steps, teardown: pools, sockets and shared memory are released on every exit."""
@@ -321,6 +323,11 @@ class BaseTrainer(ABC):
             "rollout/busy_seconds": busy,
             "rollout/idle_fraction": max(0.0, 1.0 - busy / wall_seconds) if wall_seconds > 0 else 0.0,
             "rollout/groups_awaiting_tools": sum(a["groups_awaiting_tools"] for a in activity),
+            # every replica's generated tokens over the step's wall time: what a slow grader
+            # must not lower in the async modes (reward.streaming)
+            "rollout/tokens_per_second": sum(a.get("generated_tokens", 0.0) for a in activity) / wall_seconds
+            if wall_seconds > 0
+            else 0.0,
             # requests per engine batch: a multi-turn loop's rounds are small unless batched
             "rollout/rows_per_engine_batch": sum(a["engine_rows"] for a in activity)
             / max(sum(a["engine_batches"] for a in activity), 1.0),

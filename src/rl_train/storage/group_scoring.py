@@ -9,6 +9,7 @@ names one), never the trajectories' tokens and log-probs.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,19 +28,19 @@ def trajectory_keys(groups: list[str], n: int) -> list[str]:
     return [f"{g}/{j}" for g in groups for j in range(n)]
 
 
-def split_by_group(keys: list[str], parts: int) -> list[list[str]]:
-    """``keys`` (``<group>/<j>``) in ``parts`` shards, each group's trajectories in one shard
-    (groups dealt round robin): a group grader (GAR, R-6.6) must see a whole group at once."""
-    groups = list(dict.fromkeys(_group_of(key) for key in keys))
-    shard_of = {group: i % parts for i, group in enumerate(groups)}
-    shards: list[list[str]] = [[] for _ in range(parts)]
-    for key in keys:
-        shards[shard_of[_group_of(key)]].append(key)
-    return shards
+def owner_of(group: str, num_workers: int) -> int:
+    """The reward worker that scores ``group`` (whole): the same in every process (a rollout
+    replica hands a finished group to it, the buffer and the reward phase ask it), so one worker
+    sees every request for a group and never scores it twice (``reward.streaming``)."""
+    return zlib.crc32(group.encode()) % num_workers
 
 
-def _group_of(key: str) -> str:
-    return key.rpartition("/")[0] or key
+def groups_by_owner(groups: list[str], num_workers: int) -> list[list[str]]:
+    """``groups`` split by ``owner_of``, in their order: one list per worker."""
+    owned: list[list[str]] = [[] for _ in range(num_workers)]
+    for group in groups:
+        owned[owner_of(group, num_workers)].append(group)
+    return owned
 
 
 def _read(tq: QueueStore, partition: str, keys: list[str], extra: list[str]) -> list[dict[str, Any]]:
@@ -55,17 +56,18 @@ def scored_records(
     extra: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """The filter's fields (and the optional ``extra`` ones) of every trajectory of ``groups``,
-    scoring unscored ones on ``rewards`` first (spread across them)."""
+    scoring the groups with an unscored trajectory on ``rewards`` first (each group on its
+    owner, ``owner_of``)."""
     keys = trajectory_keys(groups, n)
     extra = extra or []
     records = _read(tq, partition, keys, extra)
-    if any("reward" not in r for r in records):
+    unscored = list(dict.fromkeys(r["group_id"] for r in records if "reward" not in r))
+    if unscored:
         if not rewards:
             raise ValueError("the group filter needs rewards: give the buffer the reward pool")
-        shards = split_by_group(keys, len(rewards))
-        for worker, shard in zip(rewards, shards, strict=True):
-            if shard:
-                worker.score(partition, shard)
+        for worker, owned in zip(rewards, groups_by_owner(unscored, len(rewards)), strict=True):
+            if owned:
+                worker.score(partition, trajectory_keys(owned, n))
         records = _read(tq, partition, keys, extra)
     return records
 

@@ -86,3 +86,12 @@ class RewardScorer(Protocol):
     its record; the buffers read those back, not what it returns."""
 
     def score(self, partition: str, keys: list[str]) -> Sequence[object]: ...
+
+
+class StreamingScorer(RewardScorer, Protocol):
+    """A reward worker that scores in the background (``reward.streaming``): ``submit`` queues
+    prompt groups and returns at once; each group's scores land on its records with the
+    ``scored`` tag on its prompt. A group already queued there, or already scored, is ignored,
+    so handing a group again (after a worker died and lost its queue) is safe."""
+
+    def submit(self, partition: str, groups: list[str], n: int) -> None: ...

@@ -39,6 +39,9 @@ class ReplayBufferBase(ABC, Generic[Replica]):
         self.revive: Callable[[], list[int]] | None = None
         """Set by the trainer: brings back rollout replicas that died (restarted by Ray, reloaded
         with the current weights); returns the indices of those that had restarted."""
+        self.streaming = False
+        """Set by the trainer from ``reward.streaming``: the reward workers score groups as they
+        finish (``StreamingScorer``); a group is sampled only once its scores are in."""
         self.rescue: Callable[[list[str]], object] | None = None
         """Set by a mode with a spare engine: generates the given pending prompt groups now
         (R-2.7). A buffer that waits for groups (the async one) calls it when starved."""

@@ -14,6 +14,10 @@ with gradient are ready, dispatch stops (draining) and ``sample`` discards the s
 contribute zero advantage) and are counted as ``replay/filter_shortfall``, so a policy that
 solves everything slows down instead of stalling.
 
+Streaming scores (``reward.streaming``): the groups of a batch are scored before it is sampled;
+most were scored in the background as rollout finished them, and each reward worker scores
+what it has not yet (``scored_records``), so the reward phase only reads them back.
+
 Infra failures (R-6.5, opt-in with ``replay.refill_infra_groups`` when the filter is off, which
 evicts them anyway): a group left with fewer than two real scores is replaced by a fresh prompt.
 
@@ -31,7 +35,12 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from rl_train.storage.group_scoring import groups_with_gradient, real_score_counts, trajectory_keys
+from rl_train.storage.group_scoring import (
+    groups_with_gradient,
+    real_score_counts,
+    scored_records,
+    trajectory_keys,
+)
 from rl_train.storage.handles import GeneratingReplica, Pending
 from rl_train.storage.replay_base import ReplayBufferBase
 
@@ -226,6 +235,8 @@ class ReplayBuffer(ReplayBufferBase[GeneratingReplica]):
         if surplus and self.cfg.filter_groups:  # the filter's over-provisioning
             self._delete(surplus)
             self._counts["discarded_surplus"] += len(surplus)
+        if self.streaming:  # only groups whose scores are all in are sampled
+            scored_records(self.tq, self.rewards, PARTITION, groups, self.n)
         batch_id = f"step{step}-{uuid.uuid4().hex[:8]}"
         self.tq.put_batch(batch_id, PARTITION, trajectory_keys(groups, self.n), groups=groups, step=step)
         return batch_id

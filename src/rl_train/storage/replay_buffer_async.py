@@ -29,6 +29,13 @@ Prompts that have no tokens yet are as old as the version served when they were 
 - Failed groups (a replica's background generation raised) are retried as they are, or
   evicted and refilled with ``refill_failed_groups``; the run goes on. A rollout that keeps
   failing is bounded by ``sample_timeout_seconds``, whose error then says so.
+- Streaming scores (``reward.streaming``, on by default here): a finished group is sampled only
+  once its prompt is tagged ``scored`` (the reward workers score groups as rollout finishes
+  them); until then it waits, while rollout goes on: a group waiting for its scores does not
+  count among the outstanding ones (up to the target again), so a late grader never leaves
+  rollout idle. Groups still unscored are handed to their
+  reward workers again at the first scan (a resumed run's) and at each liveness check (a worker
+  that died lost its queue); a worker ignores those it holds already.
 - Groups are sampled oldest first (oldest token version, then dispatch order).
 - Only the ``train`` partition is read or evicted; validation records are never touched.
 """
@@ -39,10 +46,10 @@ import importlib
 import time
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
-from rl_train.storage.group_scoring import groups_with_gradient, trajectory_keys
-from rl_train.storage.handles import QueueingReplica
+from rl_train.storage.group_scoring import groups_by_owner, groups_with_gradient, trajectory_keys
+from rl_train.storage.handles import QueueingReplica, StreamingScorer
 from rl_train.storage.replay_base import ReplayBufferBase
 
 PARTITION = "train"
@@ -87,6 +94,10 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         self._failed_while_waiting = 0
         self._assigned: dict[str, int] = {}
         """prompt group -> the replica it was queued on (to re-queue it if that replica dies)."""
+        self._awaiting: list[str] = []
+        """Finished groups whose scores are not all in yet (``streaming``), at the last scan."""
+        self._hand_again_due = True
+        """Hand the unscored groups to the reward workers at the next scan (a resumed run's)."""
 
     # -- dispatch ------------------------------------------------------------------------
     def dispatch(self, num_groups: int, step: int) -> list[str]:
@@ -98,7 +109,11 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         return [k for k in self.tq.query(PARTITION, kind="prompt") if k not in self._sampled]
 
     def _top_up(self, step: int) -> list[str]:
-        missing = self._target - len(self._outstanding())
+        """Draw what the target misses. Groups finished and waiting for their scores
+        (``streaming``) do not count, up to the target again: rollout goes on producing while
+        scores lag, rather than idle until a late grader frees its slots."""
+        lagging = min(len(self._awaiting), self._target) if self.streaming else 0
+        missing = self._target + lagging - len(self._outstanding())
         return [self._draw_one(step) for _ in range(max(missing, 0))]
 
     def _draw_one(self, step: int, enqueue: bool = True) -> str:
@@ -153,6 +168,7 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
                 continue
             if waited > next_check:
                 self._check_replicas()
+                self._hand_again_due = True
                 next_check = waited + LIVENESS_CHECK_SECONDS
             if waited > self.cfg.sample_timeout_seconds:
                 raise SampleTimeoutError(
@@ -181,6 +197,7 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         keys = [self._draw_one(step, enqueue=False) for _ in range(max(missing, 1))]
         assert self.rescue is not None
         self.rescue(keys)
+        self._hand_to_scorers(keys)  # the spare engine hands nothing to the reward pool
         self._counts["rescue_activations"] += 1
         self._counts["rescue_groups"] += len(keys)
 
@@ -190,10 +207,12 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         tags = self.tq.get_tags(PARTITION, keys)
         trainer_version = step - 1
         limit = self.cfg.max_off_policy_threshold
-        finished, failed, blocked = [], [], False
+        finished, failed, blocked, unscored = [], [], False, set()
         for key, tag in zip(keys, tags, strict=True):
             if tag["status"] == "finished":
                 finished.append(key)
+                if self.streaming and not tag.get("scored"):
+                    unscored.add(key)
             elif tag["status"] == "failure":
                 failed.append(key)
             elif self.cfg.staleness_strategy == "wait":
@@ -202,7 +221,14 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         versions = self._group_versions(finished)
         stale = [k for k in finished if spec_staleness(trainer_version, versions[k]) > limit]
         evicted += self._evict(stale, "staleness")  # both strategies: the bound holds (R-2.6)
-        ready = [k for k in finished if k in self._versions]
+        ready = [k for k in finished if k in self._versions and k not in unscored]
+        self._awaiting = [k for k in finished if k in self._versions and k in unscored]
+        self._counts["awaiting_scores"] = max(self._counts["awaiting_scores"], len(self._awaiting))
+        if self._hand_again_due:
+            self._hand_to_scorers(self._awaiting)
+            self._hand_again_due = False
+        if self._awaiting:  # late scores hold no rollout slot
+            self._top_up(step)
         if self.cfg.filter_groups:
             no_gradient = [k for k, ok in self._classify(ready).items() if not ok]
             evicted += self._evict(no_gradient, "filter")
@@ -211,6 +237,15 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
             self._counts["refill"] += len(self._top_up(step))
         order = {k: i for i, k in enumerate(keys)}
         return sorted(ready, key=lambda k: (self._versions[k], order[k])), blocked
+
+    def _hand_to_scorers(self, groups: list[str]) -> None:
+        """Hand ``groups`` to their reward workers to score in the background (``streaming``)."""
+        if not self.streaming or not groups or not self.rewards:
+            return
+        for worker, owned in zip(self.rewards, groups_by_owner(groups, len(self.rewards)), strict=True):
+            if owned:
+                cast(StreamingScorer, worker).submit(PARTITION, owned, self.n)
+        self._counts["handed_again"] += len(groups)
 
     def _group_versions(self, groups: list[str]) -> dict[str, int]:
         """Oldest token version of each finished group (from its trajectories' version tags)."""
@@ -287,6 +322,9 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         names = ("evicted_staleness", "evicted_filter", "evicted_failure", "refill", "retried_failure")
         for name in (*names, "requeued_lost", "rescue_activations", "rescue_groups"):
             metrics[f"replay/{name}"] = float(self._counts[name])
+        if self.streaming:  # the most finished groups seen waiting for their scores at once
+            metrics["replay/awaiting_scores_max"] = float(self._counts["awaiting_scores"])
+            metrics["replay/handed_again"] = float(self._counts["handed_again"])
         metrics["rollout/revived_replicas"] = float(self._counts["revived_replicas"])
         for value in range(max(stale) + 1):
             metrics[f"replay/staleness_hist/{value}"] = float(stale.count(value))

@@ -54,6 +54,22 @@ class TransferQueue:
             self._set_tags(partition, key, record_tags)
         return len(records)
 
+    def update(
+        self, partition: str, records: dict[str, dict[str, Any]], tags: dict[str, dict[str, Any]] | None = None
+    ) -> list[str]:
+        """Merge fields (and tags) into the records of these keys that exist; the others are left
+        out, never created. Returns the record keys updated. A late writer uses this: a group's
+        scores computed in the background land on its records only if the group was not evicted
+        meanwhile (``put`` would leave orphan records behind)."""
+        fields, all_tags = self._partition(partition)
+        present = [key for key in records if key in fields]
+        for key in present:
+            fields[key].update(records[key])
+        for key, record_tags in (tags or {}).items():
+            if key in all_tags:
+                self._set_tags(partition, key, record_tags)
+        return present
+
     def get(
         self,
         partition: str,

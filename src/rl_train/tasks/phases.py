@@ -44,7 +44,9 @@ def greedy_baseline(run_id: str, batch_id: str) -> dict[str, float]:
 
 @retrying_phase_task(name="reward")
 def reward(run_id: str, batch_id: str) -> dict[str, float]:
-    """(2) Score every trajectory of the batch on the reward pool."""
+    """(2) Score every trajectory of the batch on the reward pool: with ``reward.streaming`` most
+    were scored as their groups finished and are read back; the rest (late, or lost with a
+    reward worker that died) are scored now."""
     pools = join_run(run_id).pools
     return reward_metrics(pools.reward.score("train", pools.queue.batch(batch_id, ["keys"])["keys"]))
 

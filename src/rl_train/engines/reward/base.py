@@ -16,10 +16,35 @@ and fails the reward phase.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
+
+
+class FrozenMapping(Mapping[str, Any]):
+    """A read-only mapping that pickles: a ``Trajectory`` crosses actors (a rollout replica's
+    finished group is scored on a reward worker), and ``types.MappingProxyType`` does not pickle.
+    It has no method that changes it, and its dict is a private copy."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
+        self._data = dict(data or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"FrozenMapping({self._data!r})"
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
+        return (FrozenMapping, (self._data,))
 
 
 @dataclass(frozen=True)
@@ -48,7 +73,7 @@ class Trajectory:
     single turn); a reward reads the tools' results here."""
     data_source: str
     ground_truth: str
-    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    extra: Mapping[str, Any] = field(default_factory=FrozenMapping)
     """The row's other columns (not prompt, data_source, ground_truth), frozen."""
     tool_calls: tuple[ToolCall, ...] = ()
     turns: int = 1
@@ -74,9 +99,9 @@ ROW_FIELDS = ("prompt", "data_source", "ground_truth")
 
 
 def freeze(value: Any) -> Any:
-    """A read-only copy of row data: mappings become ``MappingProxyType``, lists tuples."""
+    """A read-only copy of row data: mappings become ``FrozenMapping``, lists tuples."""
     if isinstance(value, Mapping):
-        return MappingProxyType({k: freeze(v) for k, v in value.items()})
+        return FrozenMapping({k: freeze(v) for k, v in value.items()})
     if isinstance(value, list | tuple):
         return tuple(freeze(v) for v in value)
     return value
@@ -169,6 +194,26 @@ def check_verdicts(value: object, size: int, where: str) -> list[GroupVerdict] |
         if not (math.isfinite(verdict.quality) and 0.0 < verdict.quality <= 1.0):
             raise ValueError(f"{where} returned quality {verdict.quality!r} at {i}; a quality lies in (0, 1]")
     return verdicts
+
+
+@runtime_checkable
+class ModelReward(Protocol):
+    """A reward that holds a model on a device (a reward model, a judge's engine): it gives its
+    memory back between scorings and takes it again, with the rollout engines' contract
+    (``engines/rollout/protocol.py``: ``sleep`` frees the device memory until ``wake_up``).
+
+    A reward colocated with the rollout (``reward.placement: colocate``) shares its GPU: the
+    reward worker wakes it before each scoring and puts it to sleep after (R-6.8), and puts it
+    to sleep once built. In a pool of its own it stays awake."""
+
+    device: str
+    """Where its model is: ``cpu`` or ``cuda``."""
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def score_batch(self, trajectories: Sequence[Trajectory]) -> list[RewardResult]: ...
 
 
 def as_result(value: object, where: str) -> RewardResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -25,6 +25,10 @@ class DefinedReward(Protocol):
     """A reward defined by name in a section of ``reward:`` (a reward model, a judge, a remote
     grader, a hybrid stack): the section's entry builds it (importing its implementation only
     then, in the worker that scores with it)."""
+
+    holds_model: ClassVar[bool]
+    """Its reward holds a model on a device (a ``ModelReward``: a reward model, a judge): where it
+    sits matters (``reward.placement``), and separate_async wants it in a pool of its own (R-2.6)."""
 
     def build(self, name: str, settings: RewardSettings) -> Reward | BatchReward: ...
 
@@ -94,7 +98,13 @@ class GarConfig(StrictModel):
 
 class RewardConfig(StrictModel):
     num_workers: int = Field(1, ge=1)
-    """Reward worker actors; samples are spread across them."""
+    """Reward worker actors; samples are spread across them (each prompt group whole to one)."""
+    streaming: bool = False
+    """Score each prompt group as soon as rollout finishes it, in the background on the reward workers, rather than in the reward phase; a group is sampled once all its scores are in, and late scores never hold rollout up (on by default in the async modes)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the reward workers run: cuda gives each a GPU (a whole one in its own pool, a share of a rollout replica's when colocated); a rule reward needs none."""
+    placement: Literal["own_pool", "colocate"] = "own_pool"
+    """own_pool: the reward workers have devices of their own; colocate: each shares a rollout replica's device, and a model-based reward (reward.models, reward.judges) is woken before each scoring and put to sleep after (R-6.8). separate_async requires own_pool for a model-based reward (R-2.6)."""
     # The sections that define rewards by name (DEFINING_SECTIONS) go here, above the routes
     # that name them: the routes' validator reads them.
     judges: dict[str, JudgeConfig] = Field(default_factory=dict)
@@ -186,6 +196,15 @@ class RewardConfig(StrictModel):
                     raise ValueError(f"reward.{section}.{name}: the name {name!r} is defined twice in reward:")
                 found[name] = entry
         return found
+
+    def model_rewards(self) -> list[str]:
+        """The dotted paths of the rewards this config defines that hold a model (``holds_model``)."""
+        return [
+            f"reward.{section}.{name}"
+            for section in DEFINING_SECTIONS
+            for name, entry in getattr(self, section).items()
+            if type(entry).holds_model
+        ]
 
     def names(self) -> set[str]:
         """Every reward the routing table names (the registry's, routed by data_source name, aside)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -56,6 +56,8 @@ class GateConfig(StrictModel):
 
 class HybridConfig(StrictModel):
     """One hybrid stack: its components, their weights and gates, and a clip of the sum."""
+    holds_model: ClassVar[bool] = False
+    """Its components are placed as themselves."""
 
     components: dict[str, str] = Field(min_length=1)
     """Component name -> the reward that scores it (registered, defined in this reward: section, or an import path); each is logged as reward/<data_source>/<component>."""

@@ -112,6 +112,8 @@ class GenerativeJudge:
         self.name = name
         self.config = config
         self.engine = engine
+        self.device: str = config.device
+        """Where the judge's engine is (a ``ModelReward``: placed, and colocated put to sleep, by the worker)."""
         self.parser = VerdictParser(config.parser)
         tokenizer = engine.tokenizer
         self._bos = [int(tokenizer.bos_token_id)] if tokenizer.bos_token_id is not None else []

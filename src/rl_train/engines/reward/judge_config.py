@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import string
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -73,6 +73,8 @@ class VerdictParserConfig(StrictModel):
 
 
 class JudgeConfig(StrictModel):
+    holds_model: ClassVar[bool] = True
+    """Its judge decodes with a model of its own (placement, R-2.6)."""
     model_path: str
     """The judge model (HF format); the policy's own model.path may serve (its weights as loaded, never the trained ones)."""
     engine: RolloutEngineName = "torch"

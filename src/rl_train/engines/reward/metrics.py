@@ -4,7 +4,9 @@
 no score to count (R-6.5). ``reward/infra_failures`` counts the samples left without one
 (and ``reward/infra_failures/<data_source>`` each source that had any); the step's value is
 the sum over its local updates (``flows/metric_merge.py``). Each sub-score a reward returns
-is averaged per data source as ``reward/<data_source>/<name>``.
+is averaged per data source as ``reward/<data_source>/<name>``. With ``reward.streaming``,
+``reward/streamed`` is the fraction of the batch scored in the background before the phase
+(the rest it scored itself: scores that came late, or were lost with a reward worker).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class ScoredSample:
 
     data_source: str
     result: RewardResult
+    streamed: bool = False
+    """Scored in the background as its group finished (``reward.streaming``), read back here."""
 
     @property
     def score(self) -> float:
@@ -48,4 +52,6 @@ def reward_metrics(samples: Sequence[ScoredSample]) -> dict[str, float]:
         for name, value in sample.result.sub_scores.items():
             subs.setdefault(f"reward/{sample.data_source}/{name}", []).append(value)
     metrics.update((key, fmean(values)) for key, values in subs.items())
+    if any(s.streamed for s in samples):
+        metrics["reward/streamed"] = sum(s.streamed for s in samples) / len(samples)
     return metrics

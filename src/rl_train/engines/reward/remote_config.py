@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -32,6 +32,8 @@ def is_loopback(host: str) -> bool:
 
 
 class RemoteRewardConfig(StrictModel):
+    holds_model: ClassVar[bool] = False
+    """The model, if any, is behind the endpoint."""
     url: str
     """The scoring endpoint, e.g. http://127.0.0.1:8731/v1/score (what `rl-train serve-reward` prints)."""
     timeout_s: float = Field(30.0, gt=0)

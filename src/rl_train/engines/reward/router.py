@@ -9,13 +9,19 @@ Each reward is built once per router (a worker keeps one for its life) and score
 trajectories routed to it in one call (``score_all``: a batch where the reward takes one).
 A result marked ``is_infra`` is scored again, up to ``reward.max_infra_retries`` times; one
 still infra after that stays so, and the caller leaves it out of training.
+
+A reward that holds a model (``ModelReward``) colocated with the rollout
+(``reward.placement: colocate``) shares the rollout's device: it is put to sleep once built,
+woken before each of its scorings and put back to sleep after (R-6.8), with the rollout
+engines' sleep and wake contract. In a pool of its own it stays awake.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
-from rl_train.engines.reward.base import BatchReward, Reward, RewardResult, Trajectory, score_all
+from rl_train.engines.reward.base import BatchReward, ModelReward, Reward, RewardResult, Trajectory, score_all
 from rl_train.engines.reward.config import RewardConfig, RewardSettings
 from rl_train.engines.reward.registry import REWARDS, build_reward
 from rl_train.engines.sandbox import SandboxConfig
@@ -38,6 +44,8 @@ class RewardRouter:
     def __init__(self, reward: RewardConfig | None = None, sandbox: SandboxConfig | None = None) -> None:
         self.settings = RewardSettings(reward or RewardConfig(), sandbox or SandboxConfig())
         self._built: dict[str, Reward | BatchReward] = {}
+        self.colocated = self.settings.reward.placement == "colocate"
+        """Model rewards share the rollout's device: awake only while they score (R-6.8)."""
 
     def route(self, data_source: str) -> str:
         """The reward (a registered name or an import path) that scores ``data_source``."""
@@ -64,8 +72,23 @@ class RewardRouter:
     def reward(self, name: str) -> Reward | BatchReward:
         """The reward ``name``, built at first use (a sandboxed one checks its sandbox then)."""
         if name not in self._built:
-            self._built[name] = build_reward(name, self.settings)
+            built = build_reward(name, self.settings)
+            if self.colocated and isinstance(built, ModelReward):
+                built.sleep()  # the rollout's device is the rollout's until this reward scores
+            self._built[name] = built
         return self._built[name]
+
+    @contextmanager
+    def awake(self, reward: Reward | BatchReward) -> Iterator[None]:
+        """A colocated model reward awake for one scoring, asleep again after, whatever happens."""
+        if not (self.colocated and isinstance(reward, ModelReward)):
+            yield
+            return
+        reward.wake_up()
+        try:
+            yield
+        finally:
+            reward.sleep()
 
     def score(self, trajectories: Sequence[Trajectory]) -> list[RewardResult]:
         """One result per trajectory, in order, each by its data_source's reward; infra results
@@ -86,7 +109,9 @@ class RewardRouter:
             by_reward.setdefault(self.route(trajectory.data_source), []).append(i)
         results: list[RewardResult | None] = [None] * len(trajectories)
         for name, indices in by_reward.items():
-            scored = score_all(self.reward(name), [trajectories[i] for i in indices], f"reward {name!r}")
+            reward = self.reward(name)
+            with self.awake(reward):
+                scored = score_all(reward, [trajectories[i] for i in indices], f"reward {name!r}")
             for i, result in zip(indices, scored, strict=True):
                 results[i] = result
         return [r for r in results if r is not None]

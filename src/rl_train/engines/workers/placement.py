@@ -12,6 +12,12 @@ and turns the plan into ``.options()`` for each actor.
   each (they take turns: rollout sleeps while training runs).
 - **GPU, separate_async** (R-2.6): the standalone rollout pool has devices of its own: a
   bundle, and a whole GPU, per replica, apart from the training ranks' bundles.
+- **Reward workers** (``reward.device``, ``reward.placement``): on the CPU they reserve nothing
+  (like every CPU pool). On ``cuda`` in a pool of their own (``own_pool``) each gets a bundle of
+  one GPU (group ``rewards``); colocated with the rollout (``colocate``), worker i takes
+  ``COLOCATED_REWARD_GPU`` of replica i's bundle (round robin), and the replica (and a rank
+  sharing that bundle) asks that much less: the reward model sleeps while it does not score
+  (R-6.8), so the share is Ray's bookkeeping, not a split of the memory.
 
 Bundles are PACKed (a pool's GPUs on as few nodes as can hold them) unless ``ray.spread``.
 """
@@ -25,6 +31,8 @@ SPREAD_BUNDLE_CPUS = 0.01
 """A CPU-only ``ray.spread`` bundle's size: a bundle must hold some resource, and the actors
 placed in it ask for none (as every CPU pool's actors do), so a token share of a CPU."""
 PLACEMENT_TIMEOUT_S = 120.0
+COLOCATED_REWARD_GPU = 0.1
+"""A colocated reward worker's share of its rollout replica's GPU (taken off the replica's)."""
 
 
 @dataclass
@@ -42,9 +50,40 @@ class PlacementPlan:
     """Placement group name -> (bundles, strategy)."""
     trainers: list[Slot] = field(default_factory=list)
     rollouts: list[Slot] = field(default_factory=list)
+    rewards: list[Slot] = field(default_factory=list)
 
 
 def plan_placement(config: Any) -> PlacementPlan:
+    """Every pool's slots: the training and rollout pools', then the reward workers'."""
+    plan = _plan_trainers_and_rollouts(config)
+    _plan_rewards(config, plan)
+    return plan
+
+
+def _plan_rewards(config: Any, plan: PlacementPlan) -> None:
+    workers = config.reward.num_workers
+    if config.reward.device != "cuda":
+        plan.rewards = [Slot() for _ in range(workers)]
+        return
+    if config.reward.placement == "own_pool":
+        plan.groups["rewards"] = ([{"GPU": 1.0}] * workers, "SPREAD" if config.ray.spread else "PACK")
+        plan.rewards = [Slot(1.0, "rewards", i) for i in range(workers)]
+        return
+    if not plan.rollouts or plan.rollouts[0].group is None:
+        raise ValueError(
+            "reward.placement: 'colocate' on reward.device 'cuda' shares the rollout replicas' GPUs, "
+            "but rollout.device is not 'cuda'; use reward.placement 'own_pool' or put rollout on cuda"
+        )
+    for i in range(workers):
+        host = plan.rollouts[i % len(plan.rollouts)]
+        plan.rewards.append(Slot(COLOCATED_REWARD_GPU, host.group, host.bundle))
+    hosted = {(s.group, s.bundle) for s in plan.rewards}
+    for slot in plan.rollouts:
+        if (slot.group, slot.bundle) in hosted:
+            slot.num_gpus = round(slot.num_gpus - COLOCATED_REWARD_GPU, 6)
+
+
+def _plan_trainers_and_rollouts(config: Any) -> PlacementPlan:
     ranks, replicas = config.actor.num_ranks, config.rollout.num_replicas
     train_gpu, rollout_gpu = config.actor.device == "cuda", config.rollout.device == "cuda"
     strategy = "SPREAD" if config.ray.spread else "PACK"
@@ -67,9 +106,11 @@ def plan_placement(config: Any) -> PlacementPlan:
     return plan
 
 
-def realize(plan: PlacementPlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
-    """(the trainers' options, the rollouts' options, the placement groups created): each
-    group is ready (its resources reserved) when this returns."""
+def realize(
+    plan: PlacementPlan,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+    """(the trainers', the rollouts' and the reward workers' options, the placement groups
+    created): each group is ready (its resources reserved) when this returns."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -92,7 +133,12 @@ def realize(plan: PlacementPlan) -> tuple[list[dict[str, Any]], list[dict[str, A
             )
         return out
 
-    return [options(s) for s in plan.trainers], [options(s) for s in plan.rollouts], list(created.values())
+    return (
+        [options(s) for s in plan.trainers],
+        [options(s) for s in plan.rollouts],
+        [options(s) for s in plan.rewards],
+        list(created.values()),
+    )
 
 
 def check_device(device: str, field_name: str) -> None:

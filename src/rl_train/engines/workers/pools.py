@@ -107,15 +107,18 @@ class WorkerPools:
         half-way, the actors asked for so far are killed before raising."""
         classes = classes or WorkerClasses()
         launcher = ActorLauncher(run_namespace(run_id))
-        trainer_places, rollout_places, groups = realize(plan_placement(config))
+        trainer_places, rollout_places, reward_places, groups = realize(plan_placement(config))
         try:
             queue = QueuePool.launch(launcher, classes.queue, config)
             queue_by_name = launcher.by_name(QUEUE_ACTOR)  # for actors Ray restarts (see named_actor)
             # the trainers first: the heaviest to start, and Ray starts only as many worker
             # processes at once as the node has CPUs
             trainer = TrainerPool.launch(launcher, classes.trainer, config, queue.actor, trainer_places)
-            rollout = RolloutPool.launch(launcher, classes.rollout, config, queue_by_name, rollout_places)
-            reward = RewardPool.launch(launcher, classes.reward, config, queue_by_name)
+            # reward.streaming: each replica hands its finished groups to the reward workers
+            scorers = [launcher.by_name(f"reward-{i}") for i in range(config.reward.num_workers)]
+            streaming = scorers if config.reward.streaming else []
+            rollout = RolloutPool.launch(launcher, classes.rollout, config, queue_by_name, rollout_places, streaming)
+            reward = RewardPool.launch(launcher, classes.reward, config, queue_by_name, reward_places)
             critic = CriticPool.launch(launcher, classes.critic, config, queue.actor)
             pools = cls(run_id, queue, rollout, trainer, reward, critic, placement_groups=groups)
             return LaunchedPools(pools, config.rollout.weight_sync, launcher.created, groups)

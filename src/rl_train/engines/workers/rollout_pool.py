@@ -52,9 +52,16 @@ class RolloutPool:
 
     @classmethod
     def launch(
-        cls, launcher: ActorLauncher, actor_cls: type, config: Config, queue: NamedActor, places: list[dict[str, Any]]
+        cls,
+        launcher: ActorLauncher,
+        actor_cls: type,
+        config: Config,
+        queue: NamedActor,
+        places: list[dict[str, Any]],
+        scorers: list[NamedActor] | None = None,
     ) -> RolloutPool:
-        """Ask Ray for ``rollout.num_replicas`` replicas (``places``: each one's placement options)."""
+        """Ask Ray for ``rollout.num_replicas`` replicas (``places``: each one's placement options;
+        ``scorers``: the reward workers each hands its finished groups to, ``reward.streaming``)."""
         rollout = config.rollout
         arguments: dict[str, Any] = {
             "model_path": str(config.model.path),
@@ -66,6 +73,7 @@ class RolloutPool:
             "device": rollout.device,
             "agent": rollout.agent.model_dump(),
             "sandbox": config.sandbox.model_dump(),
+            "scorers": list(scorers or []),
         }
         return cls(
             [

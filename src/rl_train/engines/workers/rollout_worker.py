@@ -18,8 +18,9 @@ from rl_train.engines.rollout.tool_env import DelayedCalls, ToolEnvConfig
 from rl_train.engines.weight_sync.base import WeightReceiver, WeightSyncBackend
 from rl_train.engines.workers.generation_loop import GatedEngine, GenerationLoop, More
 from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory, release_freed_memory
-from rl_train.engines.workers.named_actor import resolve_actor
+from rl_train.engines.workers.named_actor import NamedActor, resolve_actor
 from rl_train.engines.workers.placement import check_device
+from rl_train.engines.workers.reward_stream import ScoreHandoff
 from rl_train.engines.workers.rollout_batch import (
     FINISHED,
     SINGLE_TURN,
@@ -65,6 +66,7 @@ class RolloutWorker:
         agent: dict[str, Any] | None = None,
         rescue: bool = False,
         sandbox: dict[str, Any] | None = None,
+        scorers: list[NamedActor] | None = None,
     ) -> None:
         """``tool_env``: a ``rollout.tool_env`` dump; its tool call follows every train trajectory.
         ``engine``: the registered rollout engine (``rollout.engine``), built with ``engine_options``
@@ -73,7 +75,9 @@ class RolloutWorker:
         dump, which agent loop answers each prompt; ``sandbox``: a ``sandbox`` dump, how its tools
         run untrusted code. ``rescue``: the training rank's spare engine
         (R-2.7): it samples with the trainer's current weights, not pi_old's, whatever version
-        they are tagged with, so its records say ``off_version``."""
+        they are tagged with, so its records say ``off_version``. ``scorers``: the reward
+        workers (``reward.streaming``): each train group goes to its owner's queue as it is
+        tagged finished, without waiting for its scores."""
         keep_freed_memory()  # before the model: its tensors' pages stay the process's
         _import_engine_side()
         torch.set_num_threads(num_threads)
@@ -84,6 +88,7 @@ class RolloutWorker:
         )
         self.tokenizer = self.engine.tokenizer
         self.tq = resolve_actor(tq)
+        self.scoring = ScoreHandoff(list(scorers or []))
         self.rescue = rescue
         self.off_version = rescue
         """Whether the weights served may not be exactly the version they are tagged with."""
@@ -101,6 +106,8 @@ class RolloutWorker:
         )
         self.background = GatedEngine(self.turns, self.loop)
         """The engine as background generation sees it: its calls wait out a pause."""
+        self._generated_tokens = 0
+        """Tokens sampled into written trajectories since ``pop_activity`` (``rollout/tokens_per_second``)."""
         self._incarnation = uuid.uuid4().hex
         """New each time the actor is (re)constructed: how the pools notice a restart."""
         if not rescue:  # the spare shares a training rank's process, which froze its own at start
@@ -123,7 +130,7 @@ class RolloutWorker:
         written, _, tool_deadlines = self._generate(partition, prompt_keys, n, params)
         if tool_deadlines:
             time.sleep(max(max(tool_deadlines.values()) - time.time(), 0.0))
-            self._finish_groups(partition, list(tool_deadlines))
+            self._finish_groups(partition, list(tool_deadlines), n)
         return written
 
     def _generate_in_background(
@@ -133,11 +140,13 @@ class RolloutWorker:
         here); a multi-turn batch takes in more queued groups as it runs (``more``)."""
         _, unfinished, tool_deadlines = self._generate(partition, prompt_keys, n, params, self.background, more)
         for key, deadline in tool_deadlines.items():
-            self.tool_calls.call_at(deadline, partial(self._finish_groups, partition, [key]))
+            self.tool_calls.call_at(deadline, partial(self._finish_groups, partition, [key], n))
         return unfinished
 
-    def _finish_groups(self, partition: str, keys: list[str]) -> None:
+    def _finish_groups(self, partition: str, keys: list[str], n: int) -> None:
+        """Tag groups finished once their tool calls returned (``n`` trajectories each)."""
         ray.get(self.tq.set_tags.remote(partition, {k: dict(FINISHED) for k in keys}))
+        self.scoring.hand_off(partition, keys, n)
 
     def _generate(
         self,
@@ -221,6 +230,7 @@ class RolloutWorker:
         batch.writes.append(self.tq.set_tags.remote(batch.partition, {key: dict(FINISHED)}))
         group.written = True
         batch.written_early.append(key)
+        self.scoring.hand_off(batch.partition, [key], batch.n, batch.writes[-2:])
 
     def _admit(self, batch: RolloutBatch, loop: str, more: More) -> list[Start]:
         """More queued groups, while the batch has room for them: the starts of those ``loop``
@@ -242,6 +252,8 @@ class RolloutWorker:
         batch.writes.append(self.tq.put.remote(batch.partition, records, tags))
         unfinished, tool_deadlines, status = batch.final_tags(records, tags)
         batch.writes.append(self.tq.set_tags.remote(batch.partition, status))
+        finished = [k for k, t in status.items() if t.get("status") == "finished"]
+        self.scoring.hand_off(batch.partition, finished, batch.n, batch.writes[-2:])
         ray.get(batch.writes)
         return batch.early_keys() + list(records), unfinished, tool_deadlines
 
@@ -251,6 +263,9 @@ class RolloutWorker:
         """The queue records and tags of finished trajectories (R-5.6): a continued single turn
         keeps its earlier tokens' log-probs and versions; a multi-turn one adds its mask and turns."""
         records, tags = {}, {}
+        self._generated_tokens += sum(  # sampled now: not a prefix given back, nor tool answers
+            sum(result.response_mask) if result.response_mask else len(result.log_probs) for result in results
+        )
         for result in results:
             key = group_of(result.request_id)
             group = batch.groups[key]
@@ -319,7 +334,12 @@ class RolloutWorker:
         """Engine-busy seconds since the last call (the rest of the wall time rollout was idle),
         the engine batches run and their requests, and the groups whose tool calls are still
         running."""
-        return {**self.turns.pop_counts(), "groups_awaiting_tools": float(self.tool_calls.pending())}
+        tokens, self._generated_tokens = self._generated_tokens, 0
+        return {
+            **self.turns.pop_counts(),
+            "groups_awaiting_tools": float(self.tool_calls.pending()),
+            "generated_tokens": float(tokens),
+        }
 
     # -- lifecycle and weights ----------------------------------------------------------
     def sleep(self) -> None:

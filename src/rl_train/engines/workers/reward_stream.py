@@ -1,0 +1,143 @@
+"""Streaming scores (``reward.streaming``): prompt groups scored as rollout finishes them.
+
+Two sides, one module:
+
+- ``ScoreHandoff`` is the rollout replica's: when it tags a group ``finished`` it hands the
+  group to its owner reward worker (``owner_of``) and goes on at once. The call carries the
+  queue writes of the group as arguments, which Ray resolves before the reward worker runs
+  it: the group's records are in the queue when it is read, though the two calls come from
+  different processes (Ray orders calls per caller only).
+- ``ScoringQueue`` is the reward worker's: the groups handed to it wait here and one thread
+  scores them, a batch at a time (the reward's ``score_batch`` sees many groups at once).
+  A blocking caller (the reward phase, the group filter) *claims* its groups first: those
+  still queued leave the queue, and it waits for those being scored now, so that no group is
+  scored twice on one worker, and one scored in the background is then read back, not
+  scored again.
+
+A group's scores land on its records with the ``scored`` tag on its prompt in one queue call
+(``TransferQueue.update``, which skips a group evicted meanwhile). A worker that dies loses
+what was queued on it; its groups stay unscored, and the buffer hands them again (a worker
+ignores a group it has queued, or one already scored), or the reward phase scores them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from rl_train.engines.workers.named_actor import NamedActor, resolve_actor
+from rl_train.storage.group_scoring import groups_by_owner
+
+logger = logging.getLogger(__name__)
+
+MAX_GROUPS_PER_SCORING = 64
+"""Groups scored in one background batch at most (one queue read, one reward call each)."""
+STREAMED_PARTITION = "train"
+"""Only training groups stream: validation and greedy answers are scored where they are made."""
+
+Job = tuple[str, str, int]
+"""(partition, group, trajectories per group)."""
+
+
+class ScoreHandoff:
+    """A rollout replica's side: hands finished groups to their reward workers, never waiting."""
+
+    def __init__(self, scorers: list[NamedActor]) -> None:
+        self._names = scorers
+        self._actors: list[Any] | None = None
+        """Resolved at the first hand-off: the reward workers start after the replicas."""
+
+    def __bool__(self) -> bool:
+        return bool(self._names)
+
+    def hand_off(self, partition: str, groups: list[str], n: int, after: list[Any] | None = None) -> None:
+        """Hand ``groups`` (tagged finished by the writes ``after``) to their owners' queues."""
+        if not self._names or partition != STREAMED_PARTITION or not groups:
+            return
+        try:
+            if self._actors is None:
+                self._actors = [resolve_actor(name) for name in self._names]
+            for actor, owned in zip(self._actors, groups_by_owner(groups, len(self._actors)), strict=True):
+                if owned:
+                    actor.submit.remote(partition, owned, n, *(after or []))
+        except Exception as exc:  # a reward worker not (yet) there: the buffer hands them again
+            self._actors = None
+            logger.warning("streaming scores: could not hand %d group(s) to the reward pool: %s", len(groups), exc)
+
+
+class ScoringQueue:
+    """A reward worker's side: groups waiting to be scored, and the thread that scores them."""
+
+    def __init__(self, score_groups: Callable[[str, list[str], int], int]) -> None:
+        """``score_groups(partition, groups, n)`` scores the groups still unscored, writes their
+        scores and returns how many it scored."""
+        self._score_groups = score_groups
+        self._queue: deque[Job] = deque()
+        self._queued: set[tuple[str, str]] = set()
+        self._scoring: set[tuple[str, str]] = set()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.scored_groups = 0
+        """Groups this worker scored in the background (a test reads it)."""
+
+    def submit(self, partition: str, groups: list[str], n: int) -> int:
+        """Queue the groups not queued or being scored already; returns how many were new."""
+        with self._cond:
+            new = [g for g in groups if (partition, g) not in self._queued and (partition, g) not in self._scoring]
+            self._queue.extend((partition, g, n) for g in new)
+            self._queued.update((partition, g) for g in new)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="reward-stream", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+            return len(new)
+
+    def claim(self, partition: str, groups: list[str]) -> None:
+        """Take ``groups`` out of the queue and wait for those being scored now to be written:
+        the caller scores (or reads back) them itself."""
+        wanted = {(partition, g) for g in groups}
+        with self._cond:
+            if wanted & self._queued:
+                self._queue = deque(job for job in self._queue if (job[0], job[1]) not in wanted)
+                self._queued -= wanted
+            while wanted & self._scoring:
+                self._cond.wait()
+
+    def pending(self) -> int:
+        """Groups queued or being scored."""
+        with self._cond:
+            return len(self._queued) + len(self._scoring)
+
+    def _next(self) -> tuple[str, int, list[str]]:
+        with self._cond:
+            while not self._queue:
+                self._cond.wait()
+            partition, group, n = self._queue.popleft()
+            groups = [group]
+            rest: deque[Job] = deque()
+            while self._queue and len(groups) < MAX_GROUPS_PER_SCORING:
+                job = self._queue.popleft()
+                if job[0] == partition and job[2] == n:
+                    groups.append(job[1])
+                else:
+                    rest.append(job)
+            self._queue.extendleft(reversed(rest))
+            taken = {(partition, g) for g in groups}
+            self._queued -= taken
+            self._scoring |= taken
+            return partition, n, groups
+
+    def _loop(self) -> None:
+        while True:
+            partition, n, groups = self._next()
+            try:
+                self.scored_groups += self._score_groups(partition, groups, n)
+            except Exception as exc:  # left unscored: handed again by the buffer, or the reward phase scores them
+                logger.warning("streaming scores: %d group(s) left unscored: %s: %s", len(groups), type(exc).__name__, exc)
+            finally:
+                with self._cond:
+                    self._scoring -= {(partition, g) for g in groups}
+                    self._cond.notify_all()
