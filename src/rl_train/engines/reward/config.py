@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rl_train.algorithms.config import StrictModel
+from rl_train.engines.reward.model_config import RewardModelConfig
 from rl_train.engines.reward.registry import REWARDS, check_reward
 from rl_train.engines.sandbox import SandboxConfig
 
@@ -24,7 +25,7 @@ class DefinedReward(Protocol):
     def build(self, name: str, settings: RewardSettings) -> Reward | BatchReward: ...
 
 
-DEFINING_SECTIONS: tuple[str, ...] = ()
+DEFINING_SECTIONS: tuple[str, ...] = ("models",)
 """The fields of ``RewardConfig`` that define rewards by name (each a ``dict[str, DefinedReward]``);
 a name they define is routed like a registered one."""
 
@@ -56,6 +57,8 @@ class RewardConfig(StrictModel):
     """Reward worker actors; samples are spread across them."""
     # The sections that define rewards by name (DEFINING_SECTIONS) go here, above the routes
     # that name them: the routes' validator reads them.
+    models: dict[str, RewardModelConfig] = Field(default_factory=dict)
+    """Discriminative reward models (HF sequence classifiers) by name, routed like registered rewards: reward.models.my_rm.path=..., reward.by_data_source.arith=my_rm."""
     by_data_source: dict[str, str] = Field(default_factory=dict)
     """Reward per data_source (its exact name, or its longest prefix before a '/'): a registered reward or a function or class by import path ('my_pkg.rewards:unit_tests')."""
     default: str | None = None
@@ -69,7 +72,9 @@ class RewardConfig(StrictModel):
 
     @field_validator("by_data_source", "default")
     @classmethod
-    def _known_rewards(cls, value: dict[str, str] | str | None, info: ValidationInfo) -> dict[str, str] | str | None:
+    def _known_rewards(
+        cls, value: dict[str, str] | str | None, info: ValidationInfo
+    ) -> dict[str, str] | str | None:
         # the defining sections are declared above the routes, so they are validated first
         defined = {name for section in DEFINING_SECTIONS for name in info.data.get(section, {})}
         routes = {"": value} if isinstance(value, str) else dict(value or {})
@@ -101,7 +106,9 @@ class RewardConfig(StrictModel):
         for section in DEFINING_SECTIONS:
             for name, entry in getattr(self, section).items():
                 if name in found:
-                    raise ValueError(f"reward.{section}.{name}: the name {name!r} is defined twice in reward:")
+                    raise ValueError(
+                        f"reward.{section}.{name}: the name {name!r} is defined twice in reward:"
+                    )
                 found[name] = entry
         return found
 
