@@ -67,6 +67,22 @@ def check_model_dir(path: str | Path, where: str) -> None:
         )
 
 
+AS_WRITTEN = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+"""Tokenizer classes that mean "exactly tokenizer.json": transformers 5's ``AutoTokenizer``
+would give a model whose config says ``qwen2`` Qwen2's own tokenizer class instead, which
+splits text its own way (the built-in tiny reward model is a Qwen2 classifier)."""
+
+
+def load_rm_tokenizer(path: str | Path) -> Any:
+    """The reward model's tokenizer as its directory describes it, offline."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    settings = Path(path) / "tokenizer_config.json"
+    declared = json.loads(settings.read_text()).get("tokenizer_class") if settings.is_file() else None
+    loader = PreTrainedTokenizerFast if declared in AS_WRITTEN else AutoTokenizer
+    return loader.from_pretrained(str(path), local_files_only=True)
+
+
 class RewardModel:
     """A ``BatchReward`` over an HF sequence classifier (see the module docstring)."""
 
@@ -75,11 +91,9 @@ class RewardModel:
     ) -> None:
         """``where``: the config path that names it (``reward.models.<name>``), for errors."""
         check_model_dir(config.path, where)
-        from transformers import AutoTokenizer
-
         self.where, self.config, self.rule = where, config, rule
         try:
-            tokenizer = AutoTokenizer.from_pretrained(config.path, local_files_only=True)
+            tokenizer = load_rm_tokenizer(config.path)
         except Exception as error:  # noqa: BLE001 - whatever loading raised, named with the path
             raise RewardModelError(
                 f"{where}.path: its tokenizer does not load ({type(error).__name__}: {error})"

@@ -31,6 +31,7 @@ from rl_train.engines.reward.tiny_rm_data import (
 TOKENIZER_CORPUS, HELD_OUT = 4000, 1000
 """Examples the tokenizer's merges are learnt from; held-out examples the accuracy is measured on."""
 GROUP = 8
+LR = 3e-3
 """Answers per prompt in a training step: the right one and seven wrong ones."""
 
 MAX_RANKED_PROMPTS = 200
@@ -77,6 +78,9 @@ def build_rm_tokenizer(corpus: Sequence[str], vocab_size: int = 1024) -> PreTrai
         show_progress=False,
     )
     core.train_from_iterator(list(corpus), trainer=trainer)
+    # as saved: a freshly trained BPE encodes the words it was trained on from its training cache,
+    # which can split them otherwise than its merges do once it is read back from tokenizer.json
+    core = Tokenizer.from_str(core.to_str())
     core.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", special_tokens=[(BOS, core.token_to_id(BOS))]
     )
@@ -227,7 +231,7 @@ def _fit(
     (prompt, answer) pairs it saw."""
     rng = random.Random(seed)
     largest = largest_answer(prompts)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     warmup = max(steps // 20, 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) * (1.0 - step / steps)
