@@ -74,10 +74,7 @@ class Trajectory:
         """The prompt as the user's message, then the response's ``messages`` (or the response
         as one assistant message), as the dicts a chat template reads."""
         parts = self.messages or (Message("assistant", self.response),)
-        return [
-            {"role": "user", "content": self.prompt},
-            *({"role": m.role, "content": m.content} for m in parts),
-        ]
+        return [{"role": "user", "content": self.prompt}, *({"role": m.role, "content": m.content} for m in parts)]
 
     @classmethod
     def of_answer(cls, row: Mapping[str, Any], response: str) -> Trajectory:
@@ -151,23 +148,17 @@ def as_result(value: object, where: str) -> RewardResult:
     elif isinstance(value, int | float):  # bool included: True is a pass
         result = RewardResult(float(value))
     else:
-        raise TypeError(
-            f"{where} returned {type(value).__name__} {value!r}; a reward returns a number or a RewardResult"
-        )
+        raise TypeError(f"{where} returned {type(value).__name__} {value!r}; a reward returns a number or a RewardResult")
     if not math.isfinite(result.score) or not all(math.isfinite(v) for v in result.sub_scores.values()):
         raise ValueError(f"{where} returned a score that is not finite: {result}")
     return result
 
 
-def score_all(
-    reward: Reward | BatchReward, trajectories: Sequence[Trajectory], where: str
-) -> list[RewardResult]:
+def score_all(reward: Reward | BatchReward, trajectories: Sequence[Trajectory], where: str) -> list[RewardResult]:
     """``reward``'s results on ``trajectories``: one batch call where it has ``score_batch``."""
     if isinstance(reward, BatchReward):
         results = list(reward.score_batch(trajectories))
         if len(results) != len(trajectories):
-            raise ValueError(
-                f"{where}.score_batch returned {len(results)} results for {len(trajectories)} trajectories"
-            )
+            raise ValueError(f"{where}.score_batch returned {len(results)} results for {len(trajectories)} trajectories")
         return [as_result(r, where) for r in results]
     return [as_result(reward(t), where) for t in trajectories]

@@ -107,11 +107,7 @@ class CodeTestsReward:
     run in the sandbox; sub-scores ``tests_passed`` and ``tests_total``."""
 
     def __init__(
-        self,
-        config: CodeTestsConfig,
-        limits: Limits,
-        allow_unsandboxed: bool = False,
-        run: Runner = run_python,
+        self, config: CodeTestsConfig, limits: Limits, allow_unsandboxed: bool = False, run: Runner = run_python
     ) -> None:
         self.config, self.limits, self.allow_unsandboxed, self.run = config, limits, allow_unsandboxed, run
 
@@ -157,15 +153,12 @@ class CodeTestsReward:
         if ["started"] not in said:
             how = "timed out" if ran.timed_out else f"exited with code {ran.exit_code}"
             said_last = ran.stderr[-300:].strip()
-            return RewardResult.infra(
-                f"the test harness {how} before the code ran" + (f": {said_last}" if said_last else "")
-            )
-        passed = len(
-            {words[1] for words in said if len(words) == 2 and words[0] == "pass"} & _indices(num_tests)
-        )
+            return RewardResult.infra(f"the test harness {how} before the code ran" + (f": {said_last}" if said_last else ""))
+        passed = len({words[1] for words in said if len(words) == 2 and words[0] == "pass"} & _indices(num_tests))
         score = passed / num_tests if self.config.scoring == "fraction" else float(passed == num_tests)
         return RewardResult(score, {"tests_passed": float(passed), "tests_total": float(num_tests)})
 
 
 def _indices(num_tests: int) -> set[str]:
     return {str(i) for i in range(num_tests)}
+

@@ -72,9 +72,7 @@ class RewardConfig(StrictModel):
 
     @field_validator("by_data_source", "default")
     @classmethod
-    def _known_rewards(
-        cls, value: dict[str, str] | str | None, info: ValidationInfo
-    ) -> dict[str, str] | str | None:
+    def _known_rewards(cls, value: dict[str, str] | str | None, info: ValidationInfo) -> dict[str, str] | str | None:
         # the defining sections are declared above the routes, so they are validated first
         defined = {name for section in DEFINING_SECTIONS for name in info.data.get(section, {})}
         routes = {"": value} if isinstance(value, str) else dict(value or {})
@@ -106,9 +104,7 @@ class RewardConfig(StrictModel):
         for section in DEFINING_SECTIONS:
             for name, entry in getattr(self, section).items():
                 if name in found:
-                    raise ValueError(
-                        f"reward.{section}.{name}: the name {name!r} is defined twice in reward:"
-                    )
+                    raise ValueError(f"reward.{section}.{name}: the name {name!r} is defined twice in reward:")
                 found[name] = entry
         return found
 

@@ -56,18 +56,14 @@ def check_reward(value: str) -> str:
     if ":" not in value:
         if value in REWARDS:
             return value
-        raise UnknownNameError(
-            f"got {value!r}: unknown reward; allowed: {ALLOWED.format(names=', '.join(REWARDS.names()))}"
-        )
+        raise UnknownNameError(f"got {value!r}: unknown reward; allowed: {ALLOWED.format(names=', '.join(REWARDS.names()))}")
     module_name, _, attr = value.partition(":")
     if not module_name or not attr:
         raise ValueError(f"got {value!r}: an import path is 'package.module:attr', both parts non-empty")
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001 - whatever the user's module raised, named for them
-        raise ValueError(
-            f"got {value!r}: module {module_name!r} cannot be imported ({type(error).__name__}: {error})"
-        ) from None
+        raise ValueError(f"got {value!r}: module {module_name!r} cannot be imported ({type(error).__name__}: {error})") from None
     target = getattr(module, attr, None)
     if target is None:
         raise ValueError(f"got {value!r}: module {module_name!r} has no attribute {attr!r}")

@@ -52,9 +52,7 @@ class NumericMatch:
 
     def __call__(self, trajectory: Trajectory) -> RewardResult:
         answer = last_number(trajectory.response)
-        return RewardResult(
-            1.0 if _same_answer(answer, trajectory.ground_truth, self.rel_tol, self.abs_tol) else 0.0
-        )
+        return RewardResult(1.0 if _same_answer(answer, trajectory.ground_truth, self.rel_tol, self.abs_tol) else 0.0)
 
 
 class MathAnswer(NumericMatch):

@@ -83,8 +83,7 @@ class TrajectoryReader:
             ground_truth=str(record["ground_truth"]),
             extra=freeze({k: v for k, v in row.items() if k not in ROW_FIELDS}),
             tool_calls=tuple(
-                ToolCall(str(name), bool(error), float(seconds))
-                for name, error, seconds in record.get("tool_calls") or []
+                ToolCall(str(name), bool(error), float(seconds)) for name, error, seconds in record.get("tool_calls") or []
             ),
             turns=int(record.get("agent_turns", 1)),
             stop_reason=str(record.get("stop_reason", "")),
