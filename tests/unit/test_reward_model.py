@@ -91,7 +91,8 @@ def test_a_tool_trajectory_reaches_the_reward_model_as_its_own_chat(rm_dir: Path
     assert encoded.ids.count(tokenizer.bos_token_id) == 1 and encoded.ids[0] == tokenizer.bos_token_id
     # the tool's answer is its own message, between its role's token and the end of turn
     tool_at = encoded.ids.index(tokenizer.convert_tokens_to_ids("<|tool|>"))
-    assert tokenizer.decode(encoded.ids[tool_at + 1 : tool_at + 5]) == "1023"
+    tool_end = encoded.ids.index(tokenizer.convert_tokens_to_ids("<|end|>"), tool_at)
+    assert tokenizer.decode(encoded.ids[tool_at + 1 : tool_end]) == "1023"
     # re-encoded, not copied: the policy's ids for the same text are others
     assert encoded.ids != build_char_tokenizer().encode(intended, add_special_tokens=False)
 
@@ -120,7 +121,9 @@ def test_a_long_trajectory_loses_the_left_of_its_prompt_only(rm_dir: Path) -> No
     assert long_prompt.endswith(kept_prompt) and 0 < len(kept_prompt) < len(long_prompt)  # the prompt's right end
     # a response alone past the limit keeps its end
     tight = ChatEncoder(tokenizer, max_length=8).encode(answer("3+4=", "123456789"))
-    assert len(tight.ids) == 8 and tokenizer.decode(tight.ids[-4:], skip_special_tokens=False) == "789<|end|>"
+    tail = tokenizer.decode(tight.ids[2:], skip_special_tokens=False)
+    assert len(tight.ids) == 8 and tight.ids[:2] == short[:2]
+    assert tight.text.endswith(tail) and tail.endswith("789<|end|>") and "3+4=" not in tail
 
 
 def test_a_batch_scores_as_its_trajectories_one_by_one(rm_dir: Path) -> None:
