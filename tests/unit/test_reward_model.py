@@ -212,7 +212,7 @@ def test_routed_by_data_source_with_the_rule_logged_beside(rm_dir: Path) -> None
     assert all(r.score == r.sub_scores["rm_logit"] for r in results)
 
 
-def test_a_directory_that_is_no_reward_model_fails_clearly(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_a_directory_that_is_no_reward_model_fails_clearly(tmp_path: Path) -> None:
     config = RewardConfig.model_validate({"models": {"my_rm": {"path": str(tmp_path / "missing")}}})
     with pytest.raises(RewardModelError, match=r"reward.models.my_rm.path: .*missing' is not a directory"):
         RewardRouter(config).reward("my_rm")
@@ -223,11 +223,14 @@ def test_a_directory_that_is_no_reward_model_fails_clearly(tmp_path: Path, tiny_
         check_reward_models(config.models)
     with pytest.raises(RewardModelError, match=r"has no config.json"):
         RewardModel("reward.models.x", RewardModelConfig(path=str(tmp_path)))
+    causal_lm = tmp_path / "policy"  # a policy: transformers would load it with a random score head
+    causal_lm.mkdir()
+    (causal_lm / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}')
     with pytest.raises(
         RewardModelError,
         match=r"holds Qwen2ForCausalLM; a reward model is an AutoModelForSequenceClassification",
     ):
-        check_reward_models({"x": RewardModelConfig(path=str(tiny_model_dir))})
+        check_reward_models({"x": RewardModelConfig(path=str(causal_lm))})
     planned = {"x": RewardModelConfig(path=str(tmp_path / "later"), create_task="single_digit_sum")}
     check_reward_models(planned)  # to be created before the run: no error
 
