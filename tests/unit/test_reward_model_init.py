@@ -13,7 +13,13 @@ from rl_train.cli import main
 from rl_train.engines.reward.base import Trajectory
 from rl_train.engines.reward.model_config import RewardModelConfig
 from rl_train.engines.reward.reward_model import RewardModel
-from rl_train.engines.reward.tiny_rm import TOKENIZER_CORPUS, TOOL_LINES, build_rm_tokenizer, train_tiny_rm
+from rl_train.engines.reward.tiny_rm import (
+    TOKENIZER_CORPUS,
+    TOOL_LINES,
+    build_rm_tokenizer,
+    saved_and_loaded,
+    train_tiny_rm,
+)
 from rl_train.engines.reward.tiny_rm_data import draw_examples
 
 
@@ -34,7 +40,9 @@ def test_it_refuses_a_directory_that_holds_anything(
 
 def test_the_examples_are_deterministic_and_the_held_out_wrong_answers_unseen() -> None:
     train = draw_examples("single_digit_sum", 0, 2000)
-    assert train == draw_examples("single_digit_sum", 0, 2000) and train != draw_examples("single_digit_sum", 1, 2000)
+    assert train == draw_examples("single_digit_sum", 0, 2000) and train != draw_examples(
+        "single_digit_sum", 1, 2000
+    )
     seen = {(e.prompt, e.response) for e in train}
     held = draw_examples("single_digit_sum", 0, 500, unseen=seen)
     assert all((e.prompt, e.response) not in seen for e in held if e.label == 0)
@@ -54,8 +62,32 @@ def test_the_trained_model_tells_right_answers_from_wrong_ones(tmp_path: Path) -
     tokenizer = rm.encoder.tokenizer  # its own vocabulary and template, not the policy's
     assert tokenizer.bos_token == "<|bos|>" and "<|assistant|>" in tokenizer.get_vocab()
     # the scorer reads text as training did: the saved tokenizer is the one it was trained with
-    trained = build_rm_tokenizer([t for e in draw_examples("single_digit_sum", 0, TOKENIZER_CORPUS) for t in (e.prompt, e.response)] + list(TOOL_LINES))
-    for text in ("<|bos|><|user|>3+4=<|end|><|assistant|>17<|end|>", "9+9=", "x+ 07", '<tool_call>{"name":"calculator"}</tool_call>'):
-        assert tokenizer.encode(text, add_special_tokens=False) == trained.encode(text, add_special_tokens=False)
-    again = train_tiny_rm(tmp_path / "again", seed=0, progress=lambda _: None)
-    assert (again.out / "model.safetensors").read_bytes() == (report.out / "model.safetensors").read_bytes()
+    trained = saved_and_loaded(
+        build_rm_tokenizer(
+            [
+                t
+                for e in draw_examples("single_digit_sum", 0, TOKENIZER_CORPUS)
+                for t in (e.prompt, e.response)
+            ]
+            + list(TOOL_LINES)
+        )
+    )
+    for text in (
+        "<|bos|><|user|>3+4=<|end|><|assistant|>17<|end|>",
+        "9+9=",
+        "x+ 07",
+        '<tool_call>{"name":"calculator"}</tool_call>',
+    ):
+        assert tokenizer.encode(text, add_special_tokens=False) == trained.encode(
+            text, add_special_tokens=False
+        )
+
+
+def test_it_is_deterministic_by_seed(tmp_path: Path) -> None:
+    runs = [
+        train_tiny_rm(tmp_path / name, seed=seed, steps=5, progress=lambda _: None)
+        for name, seed in (("a", 0), ("b", 0), ("c", 1))
+    ]
+    weights = [(r.out / "model.safetensors").read_bytes() for r in runs]
+    assert weights[0] == weights[1] and weights[0] != weights[2]
+    assert (runs[0].out / "tokenizer.json").read_bytes() == (runs[1].out / "tokenizer.json").read_bytes()

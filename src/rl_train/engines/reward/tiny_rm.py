@@ -95,10 +95,23 @@ def build_rm_tokenizer(corpus: Sequence[str], vocab_size: int = 1024) -> PreTrai
     return tokenizer
 
 
+def saved_and_loaded(tokenizer: PreTrainedTokenizerFast) -> Any:
+    """``tokenizer`` as a reward worker will load it from the directory (``load_rm_tokenizer``):
+    the model is trained on the ids it will be scored with (a tokenizer fresh from training
+    can split words otherwise than the same one read back)."""
+    import tempfile
+
+    from rl_train.engines.reward.reward_model import load_rm_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="rlt-rm-tokenizer-") as folder:
+        tokenizer.save_pretrained(folder)
+        return load_rm_tokenizer(folder)
+
+
 def tiny_rm_config(
     tokenizer: PreTrainedTokenizerFast, hidden_size: int = 64, num_layers: int = 2
 ) -> Qwen2Config:
-    return Qwen2Config(
+    config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -106,11 +119,12 @@ def tiny_rm_config(
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        num_labels=1,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
+    config.num_labels = 1  # one logit: the reward
+    return config
 
 
 def render(tokenizer: PreTrainedTokenizerFast, example: Example) -> str:
@@ -192,7 +206,7 @@ def train_tiny_rm(
     corpus = [f"{e.prompt} {e.response}" for e in draw_examples(task, seed, TOKENIZER_CORPUS)] + list(
         TOOL_LINES
     )
-    tokenizer = build_rm_tokenizer(corpus)
+    tokenizer = saved_and_loaded(build_rm_tokenizer(corpus))
     torch.manual_seed(seed)
     model = Qwen2ForSequenceClassification(tiny_rm_config(tokenizer))
     progress(
