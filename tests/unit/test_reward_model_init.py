@@ -13,13 +13,7 @@ from rl_train.cli import main
 from rl_train.engines.reward.base import Trajectory
 from rl_train.engines.reward.model_config import RewardModelConfig
 from rl_train.engines.reward.reward_model import RewardModel
-from rl_train.engines.reward.tiny_rm import (
-    TOKENIZER_CORPUS,
-    TOOL_LINES,
-    build_rm_tokenizer,
-    saved_and_loaded,
-    train_tiny_rm,
-)
+from rl_train.engines.reward.tiny_rm import train_tiny_rm
 from rl_train.engines.reward.tiny_rm_data import draw_examples
 
 
@@ -61,26 +55,14 @@ def test_the_trained_model_tells_right_answers_from_wrong_ones(tmp_path: Path) -
     assert right.score > 0.5 and all(w.score < 0.5 for w in wrong)
     tokenizer = rm.encoder.tokenizer  # its own vocabulary and template, not the policy's
     assert tokenizer.bos_token == "<|bos|>" and "<|assistant|>" in tokenizer.get_vocab()
-    # the scorer reads text as training did: the saved tokenizer is the one it was trained with
-    trained = saved_and_loaded(
-        build_rm_tokenizer(
-            [
-                t
-                for e in draw_examples("single_digit_sum", 0, TOKENIZER_CORPUS)
-                for t in (e.prompt, e.response)
-            ]
-            + list(TOOL_LINES)
-        )
-    )
-    for text in (
-        "<|bos|><|user|>3+4=<|end|><|assistant|>17<|end|>",
-        "9+9=",
-        "x+ 07",
-        '<tool_call>{"name":"calculator"}</tool_call>',
-    ):
-        assert tokenizer.encode(text, add_special_tokens=False) == trained.encode(
-            text, add_special_tokens=False
-        )
+    # scored through the worker's path (the saved tokenizer read back), on a fresh draw whose wrong
+    # answers include the near misses it ranks at chance (about a quarter of the examples)
+    held = draw_examples("single_digit_sum", 0, 300, unseen=set())
+    logits = [
+        r.sub_scores["rm_logit"]
+        for r in rm.score_batch([Trajectory.of_answer({**row, "prompt": e.prompt}, e.response) for e in held])
+    ]
+    assert sum((v > 0) == bool(e.label) for v, e in zip(logits, held, strict=True)) / len(held) > 0.7
 
 
 def test_it_is_deterministic_by_seed(tmp_path: Path) -> None:

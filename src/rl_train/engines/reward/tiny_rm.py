@@ -11,6 +11,8 @@ re-templated and re-encoded on the way (R-6.3), BOS and tool markup included, fo
 from __future__ import annotations
 
 import random
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForSequenceClassification
 
+from rl_train.engines.reward.reward_model import load_rm_tokenizer
 from rl_train.engines.reward.tiny_rm_data import (
     Example,
     candidate_group,
@@ -93,19 +96,6 @@ def build_rm_tokenizer(corpus: Sequence[str], vocab_size: int = 1024) -> PreTrai
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
-
-
-def saved_and_loaded(tokenizer: PreTrainedTokenizerFast) -> Any:
-    """``tokenizer`` as a reward worker will load it from the directory (``load_rm_tokenizer``):
-    the model is trained on the ids it will be scored with (a tokenizer fresh from training
-    can split words otherwise than the same one read back)."""
-    import tempfile
-
-    from rl_train.engines.reward.reward_model import load_rm_tokenizer
-
-    with tempfile.TemporaryDirectory(prefix="rlt-rm-tokenizer-") as folder:
-        tokenizer.save_pretrained(folder)
-        return load_rm_tokenizer(folder)
 
 
 def tiny_rm_config(
@@ -206,7 +196,14 @@ def train_tiny_rm(
     corpus = [f"{e.prompt} {e.response}" for e in draw_examples(task, seed, TOKENIZER_CORPUS)] + list(
         TOOL_LINES
     )
-    tokenizer = saved_and_loaded(build_rm_tokenizer(corpus))
+    # written to a staging folder beside out first, and trained on as read back from there: the
+    # model learns the ids a reward worker will give it (a BPE fresh from training, or read back
+    # once, can split words otherwise); the folder becomes out only when all of it is written
+    staging = Path(
+        tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent if out.parent.exists() else None)
+    )
+    build_rm_tokenizer(corpus).save_pretrained(staging)
+    tokenizer = load_rm_tokenizer(staging)
     torch.manual_seed(seed)
     model = Qwen2ForSequenceClassification(tiny_rm_config(tokenizer))
     progress(
@@ -222,9 +219,11 @@ def train_tiny_rm(
         ranking = near_miss_ranking(model, tokenizer, task_prompts(task, seed)[:MAX_RANKED_PROMPTS])
     finally:
         torch.set_num_threads(threads)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    model.save_pretrained(staging, safe_serialization=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        out.rmdir()  # empty (checked above)
+    shutil.move(str(staging), str(out))
     seconds = time.perf_counter() - began
     progress(
         f"held-out accuracy {held_out:.3f} on {len(held)} examples, near misses ranked below the right answer "
