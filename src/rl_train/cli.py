@@ -19,6 +19,7 @@ EPILOG = """examples:
   rl-train train --config configs/arith-tiny.yaml trainer.total_steps=50
   rl-train config --show --config configs/arith-tiny.yaml actor.lr=3e-4
   rl-train init-model --out models/tiny-qwen2
+  rl-train init-reward-model --out models/tiny-rm
   rl-train serve            # then: prefect deployment run rl-train/sync -p config=configs/arith-tiny.yaml
   rl-train eval runs/arith-tiny          # score the run's newest checkpoint on its validation set
   rl-train serve-reward --config configs/arith-tiny.yaml --port 8731   # its rewards over HTTP
@@ -75,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     init_model.add_argument(
         "--prior-correct", type=float, default=0.1, help="how often the pretraining text is right (0-1)"
     )
+
+    init_rm = sub.add_parser(
+        "init-reward-model", help="train the built-in tiny reward model (HF sequence classifier, its own tokenizer)"
+    )
+    init_rm.add_argument("--out", required=True, help="directory to write (must not exist or be empty)")
+    init_rm.add_argument("--task", default="single_digit_sum", help="the built-in task whose answers it judges")
+    init_rm.add_argument("--seed", type=int, default=0)
+    init_rm.add_argument("--steps", type=int, default=600, help="training steps (batches of 64)")
 
     init_data = sub.add_parser("init-data", help="write a built-in task's train/val Parquet files")
     init_data.add_argument(
@@ -149,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
         )
         return 0
+    if args.command == "init-reward-model":
+        return _init_reward_model(args)
     if args.command == "init-data":
         from rl_train.storage.builtin_data import write_builtin_task
 
@@ -174,6 +185,17 @@ def main(argv: list[str] | None = None) -> int:
         serve_deployments(limit=args.limit, eval_schedule=schedule)
         return 0
     return 1
+
+
+def _init_reward_model(args: argparse.Namespace) -> int:
+    from rl_train.engines.reward.tiny_rm import train_tiny_rm
+
+    try:
+        train_tiny_rm(args.out, task=args.task, seed=args.seed, steps=args.steps)
+    except (FileExistsError, ValueError) as exc:
+        print(f"rl-train init-reward-model: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def resume_overrides(run_dir: str) -> tuple[str, list[str]]:
@@ -203,6 +225,7 @@ def _train(args: argparse.Namespace) -> int:
         args.overrides = [*args.overrides, *pinned]
     config = load_config(args.config, args.overrides)  # fails here, before anything starts
     startup_clock.mark("config")
+    from rl_train.engines.reward.reward_model import RewardModelError
     from rl_train.engines.sandbox import SandboxUnavailable
     from rl_train.storage.dataset import DatasetError
     from rl_train.storage.metrics import RunDirectoryExistsError
@@ -212,7 +235,7 @@ def _train(args: argparse.Namespace) -> int:
     except DatasetError as exc:
         print(f"rl-train: bad dataset: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, RunDirectoryExistsError, SandboxUnavailable) as exc:
+    except (FileNotFoundError, RunDirectoryExistsError, SandboxUnavailable, RewardModelError) as exc:
         print(f"rl-train: {exc}", file=sys.stderr)
         return 2
     startup_clock.mark("inputs")
@@ -314,11 +337,13 @@ def check_inputs(config: Config) -> None:
     its data_source, that a sandbox can start where the run would execute untrusted code, and
     the run directory.
 
-    Raises ``FileNotFoundError``, ``DatasetError``, ``SandboxUnavailable`` or ``RunDirectoryExistsError``. The run
+    Raises ``FileNotFoundError``, ``DatasetError``, ``SandboxUnavailable``, ``RewardModelError`` (a
+    reward model's directory that is no sequence classifier) or ``RunDirectoryExistsError``. The run
     directory comes last and is only inspected (fresh, resume or overwrite: ``plan_run_start``);
     the trainer acts on it when it starts.
     """
     from rl_train.engines.agent.config import check_agent_loop
+    from rl_train.engines.reward.model_config import check_reward_models
     from rl_train.engines.reward.router import RewardRouter
     from rl_train.engines.sandbox import require_sandbox
     from rl_train.flows.resume import plan_run_start
@@ -328,6 +353,7 @@ def check_inputs(config: Config) -> None:
         raise FileNotFoundError(
             f"model.path {config.model.path} does not exist (model.create_if_missing is off)"
         )
+    check_reward_models(config.reward.models)
     data = config.data
     needs_val = bool(config.trainer.val_every_steps or config.trainer.val_before_train)
     files = data.resolved_train_files() + data.resolved_val_files()

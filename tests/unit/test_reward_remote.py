@@ -205,6 +205,7 @@ def test_the_server_refuses_a_body_over_its_cap_with_413_and_bad_requests_with_4
         {"version": 1, "trajectories": [{**one["trajectories"][0], "turns": True}]},
         {"version": 1, "trajectories": [{**one["trajectories"][0], "tool_calls": [{"name": "c", "error": 1, "seconds": 0}]}]},
         {"version": 1, "trajectories": [{**one["trajectories"][0], "data_source": "nobody/routes"}]},
+        {"version": 1, "trajectories": [{**one["trajectories"][0], "messages": [{"role": "tool"}]}]},
     ]
     for body in bad:
         answer = httpx.post(served.url, json=body, timeout=10)
@@ -334,3 +335,13 @@ def test_serve_reward_serves_a_configs_rewards_until_sigterm_and_frees_its_port(
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     with socket.socket() as again:
         again.bind(("127.0.0.1", port))  # free again
+
+
+def test_the_wire_carries_a_trajectorys_turns_for_a_remote_reward_model() -> None:
+    from rl_train.engines.reward.base import Message
+    from rl_train.engines.reward.wire import decode_request
+
+    turns = (Message("assistant", '<tool_call>{"name": "calculator"}</tool_call>'), Message("tool", "1023"), Message("assistant", "1023"))
+    sent = Trajectory(prompt="345+678=", response="1023", graded_text="", transcript="", data_source="arith", ground_truth="1023", turns=2, messages=turns)
+    [got] = decode_request(json.loads(encode_request([sent])), max_batch=4)
+    assert got.messages == turns and got.chat() == sent.chat()

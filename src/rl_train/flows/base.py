@@ -46,7 +46,7 @@ POLICY_DIR = "policy"
 
 
 def prepare_inputs(config: Config) -> None:
-    """Create the built-in policy and task data when they are configured and missing."""
+    """Create the built-in policy, reward models and task data when they are configured and missing."""
     if not Path(config.model.path).exists():
         if not config.model.create_if_missing:
             raise FileNotFoundError(
@@ -62,6 +62,9 @@ def prepare_inputs(config: Config) -> None:
             prior_correct=config.model.pretrain_prior_correct,
             pretrain_task=config.model.pretrain_task,
         )
+    from rl_train.engines.reward.model_config import create_missing_reward_models
+
+    create_missing_reward_models(config.reward.models, seed=config.run.seed)
     data = config.data
     if data.builtin_task and not all(
         Path(p).exists() for p in data.resolved_train_files() + data.resolved_val_files()

@@ -58,6 +58,16 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Message:
+    """One part of a response as a chat message: a model turn or what the world said back."""
+
+    role: str
+    """``assistant`` (a model turn's graded tokens), ``tool`` (a tool's answer) or ``user`` (a later user message)."""
+    content: str
+    """The text, without the policy's own markup around an observation (``<tool_response>``...)."""
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """What a reward sees of one trajectory; read-only (``extra`` is frozen too)."""
 
@@ -79,6 +89,17 @@ class Trajectory:
     turns: int = 1
     """Model turns (1 for a single-turn trajectory)."""
     stop_reason: str = ""
+    messages: tuple[Message, ...] = ()
+    """The response as chat messages, in order: each model turn (end of sequence left out) an
+    ``assistant`` message, each observation between turns its own ``tool`` or ``user`` message.
+    A reward model re-templates them with its own chat template (R-6.3). Empty where whoever
+    built the trajectory did not split it: then ``chat()`` takes the response as one turn."""
+
+    def chat(self) -> list[dict[str, str]]:
+        """The prompt as the user's message, then the response's ``messages`` (or the response
+        as one assistant message), as the dicts a chat template reads."""
+        parts = self.messages or (Message("assistant", self.response),)
+        return [{"role": "user", "content": self.prompt}, *({"role": m.role, "content": m.content} for m in parts)]
 
     @classmethod
     def of_answer(cls, row: Mapping[str, Any], response: str) -> Trajectory:
@@ -91,6 +112,7 @@ class Trajectory:
             data_source=str(row["data_source"]),
             ground_truth=str(row["ground_truth"]),
             extra=freeze({k: v for k, v in row.items() if k not in ROW_FIELDS}),
+            messages=(Message("assistant", response),),
         )
 
 

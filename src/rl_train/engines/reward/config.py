@@ -13,6 +13,7 @@ from rl_train.algorithms.config import StrictModel
 from rl_train.engines.reward.gar_graders import check_grader
 from rl_train.engines.reward.hybrid_config import HybridConfig
 from rl_train.engines.reward.judge_config import JudgeConfig
+from rl_train.engines.reward.model_config import RewardModelConfig
 from rl_train.engines.reward.registry import REWARDS, check_reward
 from rl_train.engines.reward.remote_config import RemoteRewardConfig
 from rl_train.engines.sandbox import SandboxConfig
@@ -43,7 +44,7 @@ class ComposedReward(Protocol):
         ...
 
 
-DEFINING_SECTIONS: tuple[str, ...] = ("judges", "remote", "hybrid")
+DEFINING_SECTIONS: tuple[str, ...] = ("models", "judges", "remote", "hybrid")
 """The fields of ``RewardConfig`` that define rewards by name (each a ``dict[str, DefinedReward]``);
 a name they define is routed like a registered one."""
 
@@ -107,6 +108,8 @@ class RewardConfig(StrictModel):
     """own_pool: the reward workers have devices of their own; colocate: each shares a rollout replica's device, and a model-based reward (reward.models, reward.judges) is woken before each scoring and put to sleep after (R-6.8). separate_async requires own_pool for a model-based reward (R-2.6)."""
     # The sections that define rewards by name (DEFINING_SECTIONS) go here, above the routes
     # that name them: the routes' validator reads them.
+    models: dict[str, RewardModelConfig] = Field(default_factory=dict)
+    """Discriminative reward models (HF sequence classifiers) by name, routed like registered rewards: reward.models.my_rm.path=..., reward.by_data_source.arith=my_rm."""
     judges: dict[str, JudgeConfig] = Field(default_factory=dict)
     """Generative judges by name: a model decodes a verdict on each trajectory through a rollout engine of its own, a parser reads its score (engines/reward/judge.py documents the template and parsers); routed by name in by_data_source / default."""
     remote: dict[str, RemoteRewardConfig] = Field(default_factory=dict)

@@ -3,21 +3,44 @@
 Only the graded tokens (response_mask == 1) are the model's (R-6.2). A multi-turn trajectory
 (``agent_turns``) ends each turn with end of sequence, so its answer is its last turn: what
 the model wrote after the last tool observation; ``graded_text`` is all its turns, and
-``transcript`` the whole response with the tools' answers.
+``transcript`` the whole response with the tools' answers. ``messages`` splits the response
+where its mask changes: each run of graded tokens is a model turn (an ``assistant`` message),
+each run of observed ones a ``tool`` (or ``user``) message with the loop's markup taken off
+(``engines/agent/chat.py`` is the layout), so that a reward model can put them in its own chat
+template (R-6.3).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from itertools import groupby
 from typing import Any
 
 from rl_train.engines.model.response_decoder import ResponseDecoder
-from rl_train.engines.reward.base import ROW_FIELDS, ToolCall, Trajectory, freeze
+from rl_train.engines.reward.base import ROW_FIELDS, Message, ToolCall, Trajectory, freeze
 
 TRAJECTORY_FIELDS = ["response_ids", "group_id", "data_source", "ground_truth"]
 """What the reward worker reads of every trajectory record (never log-probs or versions)."""
 OPTIONAL_TRAJECTORY_FIELDS = ["response_mask", "agent_turns", "tool_calls", "stop_reason"]
 """What a multi-turn trajectory adds, and how generation ended."""
+
+OBSERVATIONS = (
+    ("tool", re.compile(r"<tool_response>(.*)</tool_response>", re.S)),
+    ("user", re.compile(r"<user>(.*)</user>", re.S)),
+)
+"""The markup the agent loop puts around what the world says back (``engines/agent/chat.py``),
+by the role it is: a reward model reads the content in its own template's markup. An
+observation in neither (one cut by the response budget) is a ``tool`` message as it is."""
+
+
+def observation_message(text: str) -> Message:
+    """An observation's text (a run of mask-0 tokens) as its chat message."""
+    for role, pattern in OBSERVATIONS:
+        match = pattern.fullmatch(text)
+        if match:
+            return Message(role, match.group(1))
+    return Message("tool", text)
 
 
 class TrajectoryReader:
@@ -64,4 +87,20 @@ class TrajectoryReader:
             ),
             turns=int(record.get("agent_turns", 1)),
             stop_reason=str(record.get("stop_reason", "")),
+            messages=self.messages(ids, mask) if multi_turn else (Message("assistant", answer),),
         )
+
+    def messages(self, ids: list[int], mask: list[int]) -> tuple[Message, ...]:
+        """A multi-turn response as chat messages: each run of graded tokens a model turn (up
+        to its end of sequence), each run of observed tokens a tool (or user) message."""
+        found: list[Message] = []
+        at = 0
+        for graded, run in groupby(mask):
+            width = len(list(run))
+            part, at = ids[at : at + width], at + width
+            if graded:
+                end = part.index(self.eos_token_id) if self.eos_token_id in part else len(part)
+                found.append(Message("assistant", self.decoder.decode(part[:end])))
+            else:
+                found.append(observation_message(self.decoder.decode(part)))
+        return tuple(found)

@@ -15,6 +15,7 @@ Bearer <token>`` where the server has a token)::
         "extra": {str: JSON},                   optional, default {}: the row's other columns
         "tool_calls": [{"name": str, "error": bool, "seconds": number}],   optional, default []
         "turns": int >= 1,                      optional, default 1
+        "messages": [{"role": str, "content": str}],   optional, default []: the response's turns
         "stop_reason": str}]}                   optional, default ""
 
 (the fields of ``base.Trajectory``). The answer, 200::
@@ -40,12 +41,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rl_train.engines.agent.safe_json import UnsafeJson, loads_bounded
-from rl_train.engines.reward.base import RewardResult, ToolCall, Trajectory, freeze
+from rl_train.engines.reward.base import Message, RewardResult, ToolCall, Trajectory, freeze
 
 WIRE_VERSION = 1
 
 TRAJECTORY_KEYS = frozenset(
-    {"prompt", "response", "data_source", "ground_truth", "graded_text", "transcript", "extra", "tool_calls", "turns", "stop_reason"}
+    {"prompt", "response", "data_source", "ground_truth", "graded_text", "transcript", "extra", "tool_calls", "turns", "messages", "stop_reason"}
 )
 REQUIRED_KEYS = ("prompt", "response", "data_source", "ground_truth")
 RESULT_KEYS = frozenset({"score", "sub_scores", "is_infra", "reason"})
@@ -69,6 +70,7 @@ def _trajectory_json(t: Trajectory) -> dict[str, Any]:
         "graded_text": t.graded_text, "transcript": t.transcript, "extra": _thaw(t.extra),
         "tool_calls": [{"name": c.name, "error": c.error, "seconds": c.seconds} for c in t.tool_calls],
         "turns": t.turns, "stop_reason": t.stop_reason,
+        "messages": [{"role": m.role, "content": m.content} for m in t.messages],
     }  # fmt: skip
 
 
@@ -169,7 +171,32 @@ def _trajectory(item: Any, where: str) -> Trajectory:
         raise WireError(f"{where}.extra: got {type(extra).__name__}, expected an object")
     if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
         raise WireError(f"{where}.turns: got {_preview(turns)}, expected an integer >= 1")
-    return Trajectory(**text, extra=freeze(extra), tool_calls=_tool_calls(item.get("tool_calls", []), where), turns=turns)
+    return Trajectory(
+        prompt=text["prompt"],
+        response=text["response"],
+        graded_text=text["graded_text"],
+        transcript=text["transcript"],
+        data_source=text["data_source"],
+        ground_truth=text["ground_truth"],
+        stop_reason=text["stop_reason"],
+        extra=freeze(extra),
+        tool_calls=_tool_calls(item.get("tool_calls", []), where),
+        turns=turns,
+        messages=_messages(item.get("messages", []), where),
+    )
+
+
+def _messages(value: Any, where: str) -> tuple[Message, ...]:
+    if not isinstance(value, list):
+        raise WireError(f"{where}.messages: got {type(value).__name__}, expected a list")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or set(message) != {"role", "content"}:
+            raise WireError(f"{where}.messages[{i}]: got {_preview(message)}, expected an object of exactly role, content")
+        if not isinstance(message["role"], str) or not isinstance(message["content"], str):
+            raise WireError(f"{where}.messages[{i}]: role and content are strings")
+        messages.append(Message(message["role"], message["content"]))
+    return tuple(messages)
 
 
 def _tool_calls(value: Any, where: str) -> tuple[ToolCall, ...]:
