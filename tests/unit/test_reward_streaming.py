@@ -191,6 +191,7 @@ def test_without_streaming_a_finished_group_is_sampled_as_before() -> None:
 
 def test_groups_waiting_for_their_scores_free_their_rollout_slots_up_to_the_target() -> None:
     buffer, tq, _ = _streaming_buffer()
+    buffer.cfg.awaiting_scores_multiple = 1
     buffer.dispatch(2, step=1)  # target 2 (no prefetch): p0, p1
     for group in ("p0", "p1"):
         _finish(tq, group, scored=False)  # both finished, their grader late
@@ -204,3 +205,19 @@ def test_groups_waiting_for_their_scores_free_their_rollout_slots_up_to_the_targ
     with pytest.raises(SampleTimeoutError):
         buffer.sample(2, step=1)
     assert len(tq.query("train", kind="prompt")) == 4
+
+
+@pytest.mark.parametrize(("multiple", "outstanding"), [(0, 2), (2, 6)])
+def test_rollout_runs_ahead_of_late_scores_by_the_awaiting_multiple(multiple: int, outstanding: int) -> None:
+    buffer, tq, _ = _streaming_buffer()
+    buffer.cfg.awaiting_scores_multiple = multiple
+    buffer.dispatch(2, step=1)  # target 2
+    done: set[str] = set()
+    for _ in range(3):  # every group drawn so far finishes, its grader late each time
+        for group in set(tq.query("train", kind="prompt")) - done:
+            _finish(tq, group, scored=False)
+            done.add(group)
+        with pytest.raises(SampleTimeoutError):
+            buffer.sample(2, step=1)
+    # 0: the late groups hold their slots; 2: up to 2 targets of them wait beside a full target
+    assert len(tq.query("train", kind="prompt")) == outstanding

@@ -43,6 +43,9 @@ GRADER = "rl_train.bench.late_grader:SleepingGrader"
 class SleepingGrader:
     """The ``arith`` rule's verdicts, each batch after a sleep: a slow judge (a ``BatchReward``)."""
 
+    concurrent = True
+    """Its batches overlap (``reward.max_concurrent_batches``), as a remote grader's would."""
+
     def __init__(self, rule: Reward | BatchReward, seconds: float) -> None:
         self.rule, self.seconds = rule, seconds
 

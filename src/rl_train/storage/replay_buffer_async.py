@@ -32,8 +32,11 @@ Prompts that have no tokens yet are as old as the version served when they were 
 - Streaming scores (``reward.streaming``, on by default here): a finished group is sampled only
   once its prompt is tagged ``scored`` (the reward workers score groups as rollout finishes
   them); until then it waits, while rollout goes on: a group waiting for its scores does not
-  count among the outstanding ones (up to the target again), so a late grader never leaves
-  rollout idle. Groups still unscored are handed to their
+  count among the outstanding ones (up to ``awaiting_scores_multiple`` times the target: a
+  grader whose latency spans several steps needs that many groups in flight to keep up, by
+  Little's law), so a late grader does not leave rollout idle; one that never answers still
+  grows the queue by a bounded amount, and a group that ages past the staleness limit while it
+  waits is evicted as any other. Groups still unscored are handed to their
   reward workers again at the first scan (a resumed run's) and at each liveness check (a worker
   that died lost its queue); a worker ignores those it holds already.
 - Groups are sampled oldest first (oldest token version, then dispatch order).
@@ -110,9 +113,10 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
 
     def _top_up(self, step: int) -> list[str]:
         """Draw what the target misses. Groups finished and waiting for their scores
-        (``streaming``) do not count, up to the target again: rollout goes on producing while
-        scores lag, rather than idle until a late grader frees its slots."""
-        lagging = min(len(self._awaiting), self._target) if self.streaming else 0
+        (``streaming``) do not count, up to ``awaiting_scores_multiple`` targets: rollout goes
+        on producing while scores lag, rather than idle until a late grader frees its slots."""
+        cap = self._target * self.cfg.awaiting_scores_multiple
+        lagging = min(len(self._awaiting), cap) if self.streaming else 0
         missing = self._target + lagging - len(self._outstanding())
         return [self._draw_one(step) for _ in range(max(missing, 0))]
 

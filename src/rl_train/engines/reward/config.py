@@ -102,6 +102,8 @@ class RewardConfig(StrictModel):
     """Reward worker actors; samples are spread across them (each prompt group whole to one)."""
     streaming: bool = False
     """Score each prompt group as soon as rollout finishes it, in the background on the reward workers, rather than in the reward phase; a group is sampled once all its scores are in, and late scores never hold rollout up (on by default in the async modes)."""
+    max_concurrent_batches: int = Field(4, ge=1)
+    """Batches a reward worker scores at once in the background (reward.streaming), each on a thread of its own: a grader that waits (a remote endpoint, a judge's engine) overlaps its batches; a reward is still entered by one thread at a time unless it declares `concurrent = True`; 1: one batch at a time."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the reward workers run: cuda gives each a GPU (a whole one in its own pool, a share of a rollout replica's when colocated); a rule reward needs none."""
     placement: Literal["own_pool", "colocate"] = "own_pool"

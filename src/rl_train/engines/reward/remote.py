@@ -55,6 +55,9 @@ class _Unreadable(Exception):
 class RemoteReward:
     """A ``BatchReward`` whose scores come from ``config.url``."""
 
+    concurrent = True
+    """Scored from several threads at once (``RewardRouter.exclusive``): the client and the pool are thread-safe."""
+
     def __init__(self, name: str, config: RemoteRewardConfig, token: str | None = None) -> None:
         self.name = name
         self.config = config

@@ -14,12 +14,20 @@ A reward that holds a model (``ModelReward``) colocated with the rollout
 (``reward.placement: colocate``) shares the rollout's device: it is put to sleep once built,
 woken before each of its scorings and put back to sleep after (R-6.8), with the rollout
 engines' sleep and wake contract. In a pool of its own it stays awake.
+
+A worker may score several batches at once (``reward.max_concurrent_batches``), so the router
+is called from several threads. A reward is entered by one thread at a time (a lock per reward)
+unless it declares ``concurrent = True`` (a class attribute): its ``score_batch`` is then called
+from several threads at once, and it must be safe so (the remote reward is: an HTTP client and a
+thread pool). A reward that waits (on I/O, a remote endpoint) gains from declaring it; a
+CPU-bound rule gains nothing either way.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from rl_train.engines.reward.base import BatchReward, ModelReward, Reward, RewardResult, Trajectory, score_all
 from rl_train.engines.reward.config import RewardConfig, RewardSettings
@@ -44,6 +52,10 @@ class RewardRouter:
     def __init__(self, reward: RewardConfig | None = None, sandbox: SandboxConfig | None = None) -> None:
         self.settings = RewardSettings(reward or RewardConfig(), sandbox or SandboxConfig())
         self._built: dict[str, Reward | BatchReward] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        """One per reward not declared ``concurrent``: entered by one scoring thread at a time."""
+        self._building = threading.Lock()
+        """Builds each reward once, though two scoring threads ask for it first at once."""
         self.colocated = self.settings.reward.placement == "colocate"
         """Model rewards share the rollout's device: awake only while they score (R-6.8)."""
 
@@ -71,12 +83,20 @@ class RewardRouter:
 
     def reward(self, name: str) -> Reward | BatchReward:
         """The reward ``name``, built at first use (a sandboxed one checks its sandbox then)."""
-        if name not in self._built:
-            built = build_reward(name, self.settings)
-            if self.colocated and isinstance(built, ModelReward):
-                built.sleep()  # the rollout's device is the rollout's until this reward scores
-            self._built[name] = built
-        return self._built[name]
+        with self._building:
+            if name not in self._built:
+                built = build_reward(name, self.settings)
+                if self.colocated and isinstance(built, ModelReward):
+                    built.sleep()  # the rollout's device is the rollout's until this reward scores
+                self._locks[name] = threading.Lock()
+                self._built[name] = built
+            return self._built[name]
+
+    def exclusive(self, name: str) -> AbstractContextManager[object]:
+        """Held around each call of reward ``name``: its lock, unless it declares ``concurrent``."""
+        if getattr(self.reward(name), "concurrent", False) is True:
+            return nullcontext()
+        return self._locks[name]
 
     @contextmanager
     def awake(self, reward: Reward | BatchReward) -> Iterator[None]:
@@ -110,7 +130,7 @@ class RewardRouter:
         results: list[RewardResult | None] = [None] * len(trajectories)
         for name, indices in by_reward.items():
             reward = self.reward(name)
-            with self.awake(reward):
+            with self.exclusive(name), self.awake(reward):
                 scored = score_all(reward, [trajectories[i] for i in indices], f"reward {name!r}")
             for i, result in zip(indices, scored, strict=True):
                 results[i] = result

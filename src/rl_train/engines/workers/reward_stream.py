@@ -7,8 +7,11 @@ Two sides, one module:
   queue writes of the group as arguments, which Ray resolves before the reward worker runs
   it: the group's records are in the queue when it is read, though the two calls come from
   different processes (Ray orders calls per caller only).
-- ``ScoringQueue`` is the reward worker's: the groups handed to it wait here and one thread
-  scores them, a batch at a time (the reward's ``score_batch`` sees many groups at once).
+- ``ScoringQueue`` is the reward worker's: the groups handed to it wait here and up to
+  ``reward.max_concurrent_batches`` threads score them, each a batch at a time (the reward's
+  ``score_batch`` sees many groups at once; an idle thread takes all that is queued). A grader
+  slower than rollout's production then overlaps its batches rather than queueing them; the
+  router still enters a reward by one thread at a time unless it declares ``concurrent``.
   A blocking caller (the reward phase, the group filter) *claims* its groups first: those
   still queued leave the queue, and it waits for those being scored now, so that no group is
   scored twice on one worker, and one scored in the background is then read back, not
@@ -71,15 +74,20 @@ class ScoreHandoff:
 class ScoringQueue:
     """A reward worker's side: groups waiting to be scored, and the thread that scores them."""
 
-    def __init__(self, score_groups: Callable[[str, list[str], int], int]) -> None:
+    def __init__(self, score_groups: Callable[[str, list[str], int], int], max_concurrent: int = 1) -> None:
         """``score_groups(partition, groups, n)`` scores the groups still unscored, writes their
-        scores and returns how many it scored."""
+        scores and returns how many it scored; ``max_concurrent``: batches scored at once."""
+        if max_concurrent < 1:
+            raise ValueError(f"reward.max_concurrent_batches: {max_concurrent} is not allowed; it must be at least 1")
         self._score_groups = score_groups
+        self._max_concurrent = max_concurrent
         self._queue: deque[Job] = deque()
         self._queued: set[tuple[str, str]] = set()
         self._scoring: set[tuple[str, str]] = set()
         self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        """Threads waiting for work: a new one starts only when none is idle (up to the cap)."""
         self.scored_groups = 0
         """Groups this worker scored in the background (a test reads it)."""
 
@@ -89,9 +97,10 @@ class ScoringQueue:
             new = [g for g in groups if (partition, g) not in self._queued and (partition, g) not in self._scoring]
             self._queue.extend((partition, g, n) for g in new)
             self._queued.update((partition, g) for g in new)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="reward-stream", daemon=True)
-                self._thread.start()
+            if new and self._idle == 0 and len(self._threads) < self._max_concurrent:
+                thread = threading.Thread(target=self._loop, name=f"reward-stream-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
             self._cond.notify_all()
             return len(new)
 
@@ -113,8 +122,10 @@ class ScoringQueue:
 
     def _next(self) -> tuple[str, int, list[str]]:
         with self._cond:
+            self._idle += 1
             while not self._queue:
                 self._cond.wait()
+            self._idle -= 1
             partition, group, n = self._queue.popleft()
             groups = [group]
             rest: deque[Job] = deque()
@@ -134,7 +145,9 @@ class ScoringQueue:
         while True:
             partition, n, groups = self._next()
             try:
-                self.scored_groups += self._score_groups(partition, groups, n)
+                scored = self._score_groups(partition, groups, n)
+                with self._cond:
+                    self.scored_groups += scored
             except Exception as exc:  # left unscored: handed again by the buffer, or the reward phase scores them
                 logger.warning("streaming scores: %d group(s) left unscored: %s: %s", len(groups), type(exc).__name__, exc)
             finally:

@@ -12,8 +12,8 @@ group grader (``GroupGrading``), and its verdicts are written beside the rewards
 the reward phase and the async modes' group filter both score through here.
 
 With ``reward.streaming`` it also scores in the background: rollout replicas hand it the
-prompt groups it owns as they finish (``submit``), and a thread scores them
-(``reward_stream.ScoringQueue``), tagging each group ``scored``. ``score`` (the reward phase,
+prompt groups it owns as they finish (``submit``), and up to ``reward.max_concurrent_batches``
+threads score them (``reward_stream.ScoringQueue``), tagging each group ``scored``. ``score`` (the reward phase,
 the group filter) then reads those results back rather than scoring them again.
 """
 
@@ -85,9 +85,10 @@ class RewardWorker:
         self.router.build_configured()
         self.grading = GroupGrading(config.gar, group_size) if config.gar.on else None
         self.tq = resolve_actor(tq)
-        self._scoring = threading.Lock()
-        """One scoring at a time: the background thread's and a caller's share the rewards."""
-        self.stream = ScoringQueue(self.score_groups)
+        self._grading = threading.Lock()
+        """One group grading at a time: the background threads' and a caller's share the grader.
+        The rewards are guarded by the router (``RewardRouter.exclusive``)."""
+        self.stream = ScoringQueue(self.score_groups, config.max_concurrent_batches)
 
     # -- streaming (``reward.streaming``) ------------------------------------------------
     def submit(self, partition: str, groups: list[str], n: int, *after: Any) -> int:
@@ -157,11 +158,11 @@ class RewardWorker:
         ``reward.gar`` on the trained partition the group grader's verdicts (after the
         per-sample scores: the grader reads them)."""
         trajectories = [self.reader.trajectory(r, rows[r["group_id"]]) for r in records]
-        with self._scoring:
-            samples = self.score_trajectories(trajectories)
-            graded: list[dict[str, Any]] = [{} for _ in records]
-            if self.grading is not None and partition == GRADED_PARTITION:
-                results = [s.result for s in samples]
+        samples = self.score_trajectories(trajectories)
+        graded: list[dict[str, Any]] = [{} for _ in records]
+        if self.grading is not None and partition == GRADED_PARTITION:
+            results = [s.result for s in samples]
+            with self._grading:
                 graded = self.grading.fields([r["group_id"] for r in records], trajectories, results, records)
         return samples, [{**result_fields(s.result), **g} for s, g in zip(samples, graded, strict=True)]
 
