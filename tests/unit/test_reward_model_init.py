@@ -63,7 +63,7 @@ def test_the_trained_model_tells_right_answers_from_wrong_ones(tmp_path: Path) -
         r.sub_scores["rm_logit"]
         for r in rm.score_batch([Trajectory.of_answer({**row, "prompt": e.prompt}, e.response) for e in held])
     ]
-    assert sum((v > 0) == bool(e.label) for v, e in zip(logits, held, strict=True)) / len(held) > 0.9
+    assert sum((v > 0) == bool(e.label) for v, e in zip(logits, held, strict=True)) / len(held) > 0.8
 
 
 def test_it_is_deterministic_by_seed(tmp_path: Path) -> None:
