@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     init_rm.add_argument("--out", required=True, help="directory to write (must not exist or be empty)")
     init_rm.add_argument("--task", default="single_digit_sum", help="the built-in task whose answers it judges")
     init_rm.add_argument("--seed", type=int, default=0)
-    init_rm.add_argument("--steps", type=int, default=600, help="training steps (batches of 64)")
+    init_rm.add_argument("--steps", type=int, default=4000, help="training steps (batches of 32)")
 
     init_data = sub.add_parser("init-data", help="write a built-in task's train/val Parquet files")
     init_data.add_argument(

@@ -1,8 +1,9 @@
 """``rl-train init-reward-model``: the built-in tiny discriminative reward model, in HF format.
 
 A Qwen2-architecture sequence classifier (one output, random init, about 0.1M parameters) is
-trained for a few seconds to tell a built-in task's right answers from wrong ones
-(``tiny_rm_data.py``). It has a tokenizer of its own, unlike the policy's character one: a
+trained for about a minute of CPU to tell a built-in task's right answers from wrong ones
+(``tiny_rm_data.py``), near misses included: each step ranks a prompt's right answer above its
+nearest wrong sums, so it learns the table, not only what answers look like. It has a tokenizer of its own, unlike the policy's character one: a
 byte-level BPE with its own merges, its own special tokens and its own chat template, which
 writes the BOS itself. So the policy's ids mean nothing to it and every trajectory is decoded,
 re-templated and re-encoded on the way (R-6.3), BOS and tool markup included, for real.
@@ -33,9 +34,9 @@ from rl_train.engines.reward.tiny_rm_data import (
 
 TOKENIZER_CORPUS, HELD_OUT = 4000, 1000
 """Examples the tokenizer's merges are learnt from; held-out examples the accuracy is measured on."""
-GROUP = 8
-LR = 3e-3
-"""Answers per prompt in a training step: the right one and seven wrong ones."""
+GROUP = 16
+LR = 1e-3
+"""Answers per prompt in a training step: the right one and fifteen wrong ones, most of them near misses."""
 
 MAX_RANKED_PROMPTS = 200
 """Prompts the near-miss ranking is measured on (all of single_digit_sum's 100)."""
@@ -65,13 +66,21 @@ class TrainingReport:
 
 
 def build_rm_tokenizer(corpus: Sequence[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
-    """A byte-level BPE learnt on ``corpus``, digits always single tokens (so that numbers it
-    never saw read like those it did), with the template's special tokens and a post-processor
-    that adds the BOS (the trap a template with its own BOS must not fall into twice)."""
+    """A byte-level BPE learnt on ``corpus``, each digit and punctuation mark a token of its own
+    (merges that glue "3+" or "=7" into one piece hide the digits the model must add up, and
+    numbers it never saw then read like those it did), with the template's special tokens and
+    a post-processor that adds the BOS (the trap a template with its own BOS must not fall into
+    twice)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Punctuation("isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     core.decoder = decoders.ByteLevel()
     specials = [PAD, BOS, END, *ROLES]
     trainer = trainers.BpeTrainer(
@@ -181,8 +190,8 @@ def train_tiny_rm(
     out_dir: str | Path,
     task: str = "single_digit_sum",
     seed: int = 0,
-    steps: int = 600,
-    batch_size: int = 64,
+    steps: int = 4000,
+    batch_size: int = 32,
     progress: Callable[[str], None] = print,
 ) -> TrainingReport:
     """Train the tiny reward model on ``task`` and write it to ``out_dir`` (which must not hold

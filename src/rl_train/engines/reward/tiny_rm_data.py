@@ -85,11 +85,16 @@ def draw_examples(
 
 def candidate_group(prompt: str, answer: int, size: int, rng: random.Random, largest: int) -> list[Example]:
     """The right answer to ``prompt`` first, then ``size - 1`` distinct wrong ones: a group the
-    model learns to rank (the right answer above every wrong one) and to classify."""
-    wrong: list[str] = []
+    model learns to rank (the right answer above every wrong one) and to classify. All but two
+    of the wrong ones are the sums nearest the right one (off by 1-9, the nearest most often):
+    ranked against them, only knowing the sum lowers the loss; the other two are of the kinds
+    ``wrong_answer`` draws (what wrong answers look like is the easy part)."""
+    near = [answer + d for d in range(-9, 10) if d and answer + d >= 0]
+    near.sort(key=lambda n: abs(n - answer) + 4 * rng.random())
+    wrong = [str(n) for n in near[: size - 3]]
     while len(wrong) < size - 1:
         guess = wrong_answer(answer, rng, largest)
-        if guess not in wrong:
+        if guess not in wrong and guess != str(answer):
             wrong.append(guess)
     return [Example(prompt, str(answer), 1)] + [Example(prompt, w, 0) for w in wrong]
 
