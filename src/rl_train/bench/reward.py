@@ -248,15 +248,14 @@ def main(argv: list[str] | None = None) -> tuple[list[Throughput] | None, dict[s
     with tempfile.TemporaryDirectory(prefix="rlt-reward-bench-") as tmp:
         workdir = Path(tmp)
         policy, rm_path = inputs(workdir, args.model_dir, args.policy_steps, args.rm_path, args.rm_steps)
-        scored = (
-            None
-            if args.skip == "throughput"
-            else throughputs(policy, rm_path, args.trajectories, args.batch, args.device)
-        )
-        placed = None
+        scored: list[Throughput] | None = None
+        placed: dict[str, dict[str, float]] | None = None
+        if args.skip != "throughput":  # each table printed as soon as it is measured
+            scored = throughputs(policy, rm_path, args.trajectories, args.batch, args.device)
+            report(scored, None, args.device)
         if args.skip != "placement":
             placed = placement_times(workdir, policy, rm_path, args.steps, args.batch, args.n, args.device)
-    report(scored, placed, args.device)
+            report(None, placed, args.device)
     return scored, placed
 
 
