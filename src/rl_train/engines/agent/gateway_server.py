@@ -7,50 +7,20 @@ of what it accepts are ``GatewayLimits`` (``gateway.py``).
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
-import uvicorn
-
 from rl_train.engines.agent.gateway import GatewayLimits, create_gateway
 from rl_train.engines.agent.gateway_core import GatewayCore
+from rl_train.engines.agent.threaded_server import ThreadedServer
 
 
-class GatewayServer:
+class GatewayServer(ThreadedServer):
+    label = "gateway"
+
     def __init__(self, core: GatewayCore, host: str = "127.0.0.1", port: int = 0, limits: GatewayLimits | None = None) -> None:
         self.core = core
         self.limits = limits or GatewayLimits()
         self.app = create_gateway(core, self.limits)
-        self.host = host
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
-        self.port = int(self._socket.getsockname()[1])
-        config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-            limit_concurrency=self.limits.max_connections,
-        )  # fmt: skip
-        self._server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
+        super().__init__(self.app, host, port, limit_concurrency=self.limits.max_connections)
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
-
-    def start(self, timeout_s: float = 30.0) -> GatewayServer:
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, name="gateway", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the gateway did not start on {self.host}:{self.port}")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self._socket.close()

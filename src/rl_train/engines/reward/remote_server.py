@@ -30,21 +30,18 @@ from __future__ import annotations
 
 import hmac
 import logging
-import socket
-import threading
-import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import anyio
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from rl_train.engines.agent.gateway_body import parse_body, read_body
 from rl_train.engines.agent.sessions import SessionError
+from rl_train.engines.agent.threaded_server import ThreadedServer
 from rl_train.engines.reward.remote_config import is_loopback
 from rl_train.engines.reward.router import RewardRouter
 from rl_train.engines.reward.wire import WireError, decode_request, encode_results
@@ -147,10 +144,12 @@ async def _score(router: RewardRouter, admission: _Admission, request: Request) 
     return JSONResponse(encode_results(results))
 
 
-class RewardServer:
+class RewardServer(ThreadedServer):
     """The app on a bound socket: ``start``/``stop`` from a thread (tests, a script), or
     ``serve`` in the foreground until SIGINT or SIGTERM (the CLI). The socket is closed before
     either returns, so no port outlives the server."""
+
+    label = "reward server"
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, has_token: bool = False) -> None:
         if not is_loopback(host) and not has_token:
@@ -158,40 +157,9 @@ class RewardServer:
                 f"--host {host}: a reward server bound beyond loopback needs a token; set {TOKEN_ENV} "
                 "(or the variable --token-env names) where it runs, and api_key_env in the clients' reward.remote entry"
             )
-        self.host = host
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
-        self.port = int(self._socket.getsockname()[1])
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
-        self._server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
+        super().__init__(app, host, port)
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}{SCORE_PATH}"
-
-    def serve(self) -> None:
-        try:
-            self._server.run(sockets=[self._socket])
-        finally:
-            self._socket.close()
-
-    def start(self, timeout_s: float = 30.0) -> RewardServer:
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, name="reward-server", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the reward server did not start on {self.host}:{self.port}")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self._socket.close()
