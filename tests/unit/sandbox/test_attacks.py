@@ -166,3 +166,29 @@ def test_a_memory_bomb_fails_inside_the_program() -> None:
 def test_an_endless_print_is_cut_and_ends() -> None:
     result = attack("while True:\n    print('y' * 1000)", wall_s=5.0)
     assert result.truncated and len(result.stdout) == 16 << 10, result
+
+
+def test_the_cgroups_of_a_killed_trainer_are_swept_by_the_next_sandbox() -> None:
+    """A trainer SIGKILLed mid-sandbox leaves its (empty) pids cgroups; the next cgroup made
+    removes them, and never one whose owner runs."""
+    import subprocess
+    import sys
+
+    from rl_train.engines.sandbox.pids import _parent, pids_cgroup
+
+    parent = _parent()
+    assert parent is not None, "the sandbox tests run as root where a pids cgroup can be made"
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    orphan, live = parent / f"rlt-sandbox-{child.pid}-dead", parent / f"rlt-sandbox-{os.getpid()}-live"
+    orphan.mkdir()
+    live.mkdir()
+    try:
+        made = pids_cgroup(4)
+        assert made is not None and made.folder.name.startswith(f"rlt-sandbox-{os.getpid()}-")
+        made.remove()
+        assert not orphan.exists() and live.is_dir()
+    finally:
+        for folder in (orphan, live):
+            if folder.exists():
+                folder.rmdir()

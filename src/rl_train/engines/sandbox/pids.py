@@ -83,6 +83,34 @@ class PidsCgroup:
                 time.sleep(0.02)
 
 
+PREFIX = "rlt-sandbox-"
+"""A sandbox's cgroup is ``<PREFIX><owner pid>-<random>``: a trainer SIGKILLed mid-sandbox leaves
+its cgroups (empty once bubblewrap is gone), and the next one to make a cgroup removes them."""
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans(parent: Path) -> list[Path]:
+    """Remove the empty sandbox cgroups under ``parent`` whose owner no longer runs; returns them."""
+    removed = []
+    for folder in parent.glob(f"{PREFIX}*"):
+        pid, dash, _ = folder.name[len(PREFIX) :].partition("-")
+        if not dash or not pid.isdigit() or _running(int(pid)):
+            continue
+        with contextlib.suppress(OSError):  # busy (a process still in it) or gone: left as it is
+            folder.rmdir()
+            removed.append(folder)
+    return removed
+
+
 def pids_cgroup(nproc: int) -> PidsCgroup | None:
     """A new cgroup capping ``nproc`` tasks plus the sandbox's own, when the trainer is root and
     one can be made; None otherwise (RLIMIT_NPROC does the work for any other user)."""
@@ -91,8 +119,9 @@ def pids_cgroup(nproc: int) -> PidsCgroup | None:
     parent = _parent()
     if parent is None:
         return None
+    sweep_orphans(parent)
     try:
-        return PidsCgroup(parent / f"rlt-sandbox-{uuid.uuid4().hex[:12]}", nproc + OVERHEAD_TASKS)
+        return PidsCgroup(parent / f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}", nproc + OVERHEAD_TASKS)
     except OSError as error:
         log.warning("could not make a pids cgroup under %s: %s", parent, error)
         return None
