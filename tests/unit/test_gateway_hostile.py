@@ -301,12 +301,16 @@ def test_40_concurrent_requests_from_one_token_stall_no_other_session(tokenizer)
     with served(gated, tokenizer) as (core, server):
         hog = open_session(core, "hog")
         body = {"model": MODEL, "messages": [{"role": "user", "content": TASK}]}
-        client = _raw(server, hog.token)
+
+        def post() -> httpx.Response:  # a client of its own per request: an httpx pool shared by 40 threads can race
+            with _raw(server, hog.token) as client:
+                return client.post("/chat/completions", json=body)
+
         with ThreadPoolExecutor(40) as pool:
-            first = pool.submit(client.post, "/chat/completions", json=body)
+            first = pool.submit(post)
             assert gated.entered.wait(GRACE_S)  # one request of the hog's is generating, and stays so
             started = time.monotonic()
-            rest = [pool.submit(client.post, "/chat/completions", json=body) for _ in range(39)]
+            rest = [pool.submit(post) for _ in range(39)]
             codes = [future.result(timeout=GRACE_S).status_code for future in rest]
             assert codes == [409] * 39  # the session is busy: each refused at once, none queued
             for i in range(3):  # meanwhile, other sessions are answered
