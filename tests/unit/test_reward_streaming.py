@@ -221,3 +221,33 @@ def test_rollout_runs_ahead_of_late_scores_by_the_awaiting_multiple(multiple: in
             buffer.sample(2, step=1)
     # 0: the late groups hold their slots; 2: up to 2 targets of them wait beside a full target
     assert len(tq.query("train", kind="prompt")) == outstanding
+
+
+def test_groups_scored_late_keep_their_slots_free_until_sampled() -> None:
+    """A grader answers a batch of late groups at once: rollout keeps its target of fresh
+    groups beside that burst while the trainer works through it, rather than idle."""
+    buffer, tq, _ = _streaming_buffer()
+    buffer.cfg.awaiting_scores_multiple = 2
+    buffer.dispatch(2, step=1)  # target 2: p0, p1
+    late = ["p0", "p1", "p2", "p3", "p4", "p5"]
+    for pair in (late[:2], late[2:4], late[4:]):  # each pair finishes, its grader late
+        for group in pair:
+            _finish(tq, group, scored=False)
+        with pytest.raises(SampleTimeoutError):
+            buffer.sample(2, step=1)
+    assert tq.query("train", kind="prompt") == late  # 2 targets of late groups beside a target
+    tq.set_tags("train", {g: {"scored": True} for g in late})  # the grader's burst lands
+    batch = buffer.sample(2, step=1)
+    assert tq.get_batch(batch)["groups"] == ["p0", "p1"]
+    buffer.release(batch)
+    # p2-p5, scored late and not sampled yet, hold no slot: rollout is given a target of fresh
+    # groups (p6, p7) while the trainer works through them; were they to hold their slots,
+    # rollout would idle for two steps
+    buffer.dispatch(2, step=2)
+    assert tq.query("train", kind="prompt") == [*late[2:], "p6", "p7"]
+    for step, pair in ((2, late[2:4]), (3, late[4:])):
+        batch = buffer.sample(2, step=step)
+        assert tq.get_batch(batch)["groups"] == pair
+        buffer.release(batch)
+    buffer.dispatch(2, step=4)  # no late group left: the target alone
+    assert tq.query("train", kind="prompt") == ["p6", "p7"]

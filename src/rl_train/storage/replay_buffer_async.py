@@ -34,7 +34,11 @@ Prompts that have no tokens yet are as old as the version served when they were 
   them); until then it waits, while rollout goes on: a group waiting for its scores does not
   count among the outstanding ones (up to ``awaiting_scores_multiple`` times the target: a
   grader whose latency spans several steps needs that many groups in flight to keep up, by
-  Little's law), so a late grader does not leave rollout idle; one that never answers still
+  Little's law), so a late grader does not leave rollout idle. A group that waited keeps its
+  slot free once scored, until it is sampled: a grader answers a batch of groups at once, and
+  were that burst to take the rollout's slots, rollout would idle while the trainer works
+  through it (the bench, ``bench/late_grader.py``, saw rollout idle whole steps so). One that
+  never answers still
   grows the queue by a bounded amount, and a group that ages past the staleness limit while it
   waits is evicted as any other. Groups still unscored are handed to their
   reward workers again at the first scan (a resumed run's) and at each liveness check (a worker
@@ -99,6 +103,10 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         """prompt group -> the replica it was queued on (to re-queue it if that replica dies)."""
         self._awaiting: list[str] = []
         """Finished groups whose scores are not all in yet (``streaming``), at the last scan."""
+        self._late: set[str] = set()
+        """Groups seen waiting for their scores, until sampled or evicted: they hold no rollout slot."""
+        self._late_ready = 0
+        """Of those, the ones scored and not sampled yet, at the last scan."""
         self._hand_again_due = True
         """Hand the unscored groups to the reward workers at the next scan (a resumed run's)."""
 
@@ -113,10 +121,11 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
 
     def _top_up(self, step: int) -> list[str]:
         """Draw what the target misses. Groups finished and waiting for their scores
-        (``streaming``) do not count, up to ``awaiting_scores_multiple`` targets: rollout goes
-        on producing while scores lag, rather than idle until a late grader frees its slots."""
+        (``streaming``), or scored after waiting and not sampled yet, do not count, up to
+        ``awaiting_scores_multiple`` targets: rollout goes on producing while scores lag, rather
+        than idle until a late grader frees its slots or the trainer works through its burst."""
         cap = self._target * self.cfg.awaiting_scores_multiple
-        lagging = min(len(self._awaiting), cap) if self.streaming else 0
+        lagging = min(len(self._awaiting) + self._late_ready, cap) if self.streaming else 0
         missing = self._target + lagging - len(self._outstanding())
         return [self._draw_one(step) for _ in range(max(missing, 0))]
 
@@ -185,6 +194,8 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         self._failed_while_waiting = 0
         groups = ready[:num_groups]
         self._sampled.update(groups)
+        self._late_ready -= sum(g in self._late for g in groups)
+        self._late.difference_update(groups)
         self._staleness += [(step - 1) - self._versions[g] for g in groups]
         self._depth = len(ready) - num_groups
         keys = trajectory_keys(groups, self.n)
@@ -227,6 +238,8 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
         evicted += self._evict(stale, "staleness")  # both strategies: the bound holds (R-2.6)
         ready = [k for k in finished if k in self._versions and k not in unscored]
         self._awaiting = [k for k in finished if k in self._versions and k in unscored]
+        self._late.update(self._awaiting)
+        self._late_ready = sum(k in self._late for k in ready)
         self._counts["awaiting_scores"] = max(self._counts["awaiting_scores"], len(self._awaiting))
         if self._hand_again_due:
             self._hand_to_scorers(self._awaiting)
@@ -299,6 +312,7 @@ class ReplayBufferAsync(ReplayBufferBase[QueueingReplica]):
             for group in groups:
                 self._versions.pop(group, None)
                 self._has_gradient.pop(group, None)
+                self._late.discard(group)
             self._counts[f"evicted_{reason}"] += len(groups)
         return len(groups)
 

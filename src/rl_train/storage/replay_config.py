@@ -32,8 +32,8 @@ class ReplayConfig(StrictModel):
     """sync: generation rounds in a row with a failed group before the run stops, so a broken rollout engine fails fast (async: sample_timeout_seconds bounds it)."""
     prefetch_batches: int = Field(1, ge=0)
     """Batches kept in flight beyond the one being sampled (the warm-up dispatch of the async modes)."""
-    awaiting_scores_multiple: int = Field(4, ge=0)
-    """With reward.streaming: finished groups waiting for their scores free their rollout slots, up to this many times the outstanding groups (1 + prefetch_batches batches), so rollout runs ahead of a grader slower than a step; 0: they hold their slots. Staleness is unchanged: a group that ages past max_off_policy_threshold while it waits is evicted."""
+    awaiting_scores_multiple: int = Field(8, ge=0)
+    """With reward.streaming: finished groups waiting for their scores (or scored late and not sampled yet) free their rollout slots, up to this many times the outstanding groups (1 + prefetch_batches batches), so rollout runs ahead of a grader slower than a step: by Little's law it needs the groups rollout makes in a grader's latency, which a grader answering a batch at a time can double; 0: they hold their slots. Staleness is unchanged: a group that ages past max_off_policy_threshold while it waits is evicted."""
     sample_timeout_seconds: float = Field(300.0, gt=0)
     """Longest a sample may wait for enough finished groups before it fails."""
     poll_interval_seconds: float = Field(0.02, gt=0)
