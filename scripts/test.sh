@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs into .venv and run it (the README's test command).
 # On a fresh machine this is all the set-up there is: CPU torch from its pinned wheel, the test
-# tools, megatron-core (its CPU tests), the CPU build of Mooncake (and, as root, the
+# tools, megatron-core (its CPU tests), PEFT (LoRA), the CPU build of Mooncake (and, as root, the
 # libibverbs1 system library it loads) and bubblewrap, the sandbox of untrusted code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +29,7 @@ fi
 # a venv left half-made by an interrupted run (no pip in it) is made again
 .venv/bin/python -m pip --version >/dev/null 2>&1 || python3 -m venv --clear .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[cpu,test,mooncake-cpu,megatron]'
+.venv/bin/python -m pip install -q -e '.[cpu,test,mooncake-cpu,megatron,lora]'
 # sglang's request/response types for the CPU sglang test server (pyproject extra sglang-schemas)
 .venv/bin/python -m pip install -q --no-deps 'sglang==0.5.9'
 

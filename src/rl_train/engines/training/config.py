@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rl_train.algorithms.config import PER_MICRO_BATCH_LOSSES, PolicyLossConfig, StrictModel
+from rl_train.engines.training.lora_config import LoraSettings
 from rl_train.engines.training.registry import TrainingEngineName
 from rl_train.engines.training.router_replay_modes import RouterReplayName
 
@@ -68,6 +69,8 @@ class ActorConfig(PolicyLossConfig):
     """torch engine: shard weights, gradients and Adam's moments over the data-parallel ranks (FSDP2, torch's fully_shard); every weight export then gathers the whole model from all ranks."""
     megatron: MegatronParallelConfig = MegatronParallelConfig()
     """Tensor and pipeline parallel sizes of the megatron engine (``engine: megatron``)."""
+    lora: LoraSettings | None = None
+    """torch engine: train low-rank adapters through PEFT (the lora extra) instead of every weight (None: full fine-tuning). The reference is the base with the adapters off; checkpoints hold the adapters, their optimizer state and the base model's checksum; weight sync sends the merged weights."""
 
     @model_validator(mode="after")
     def _parallel_layout_fits(self) -> ActorConfig:
@@ -86,6 +89,16 @@ class ActorConfig(PolicyLossConfig):
             raise ValueError(
                 f"actor.fsdp shards the torch engine; actor.engine {self.engine!r} shards its own way "
                 "(megatron: its distributed optimizer)"
+            )
+        if self.lora is not None and self.engine != "torch":
+            raise ValueError(
+                f"actor.lora trains PEFT adapters on the torch engine; actor.engine {self.engine!r} has no "
+                "LoRA here (megatron-core's own is not wired in): set actor.engine: torch or remove actor.lora"
+            )
+        if self.lora is not None and self.fsdp:
+            raise ValueError(
+                "actor.lora with actor.fsdp: sharding adapters beside frozen base weights is not supported yet; "
+                "LoRA's optimizer state is small, so set actor.fsdp: false"
             )
         if self.sort_by_length and self.engine != "torch":
             raise ValueError(

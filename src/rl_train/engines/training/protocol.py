@@ -54,14 +54,27 @@ class TrainingEngine(Protocol):
         says False here and refuses both (``RoutesNotSupportedError``)."""
         ...
 
+    @property
+    def reference_is_base(self) -> bool:
+        """Whether the reference model is this engine's own base (LoRA: the adapters off): the
+        worker then builds no reference engine and asks ``compute_log_probs(base=True)``."""
+        ...
+
     def compute_log_probs(
-        self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False, record_routes: bool = False
+        self,
+        batch: Batch,
+        *,
+        with_entropy: bool = False,
+        pi_old: bool = False,
+        record_routes: bool = False,
+        base: bool = False,
     ) -> Batch:
         """Forward only, no grad: per-token ``log_probs`` [B, T] of a right-padded batch
         (and ``entropy`` if asked). ``pi_old``: under the weights pinned by
         ``snapshot_pi_old``, or the current ones when none are pinned. ``record_routes``
         (only where ``replays_routes``): also ``routes`` [B, T, L, k], the experts each token
-        went to ([B, T, 0, 0] for a dense model)."""
+        went to ([B, T, 0, 0] for a dense model). ``base`` (only where ``reference_is_base``):
+        the base model's log-probs, bit for bit."""
         ...
 
     def train_batch(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:

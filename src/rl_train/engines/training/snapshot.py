@@ -42,10 +42,12 @@ class WeightSnapshots:
 
 
 def _host_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
+    """The parameters that train (a frozen one, such as a LoRA base weight, never changes)."""
+    return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
 
 
 @torch.no_grad()
 def _load(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     for name, param in model.named_parameters():
-        param.copy_(state[name])
+        if name in state:
+            param.copy_(state[name])

@@ -6,6 +6,10 @@ over its micro-batches, then gradients and denominators are summed over ranks
 (``torch.distributed`` all-reduce, gloo on CPU) and gradients are divided once by the global
 denominator. The update therefore does not depend on how the batch is cut into
 micro-batches or ranks.
+
+With ``actor.lora`` the policy is wrapped by PEFT (``lora.py``): only the adapters require grad,
+so the optimizer, the gradient all-reduce, the clip, pi_old's snapshot and the checkpoint
+carry them alone; the reference is this engine with the adapters off (``reference_is_base``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from rl_train.engines.model.loading import load_policy, save_policy
+from rl_train.engines.training import lora
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.lazy_dynamo import optimizers_without_compiler, step_without_compiler
 from rl_train.engines.training.micro_batch import length_sorted_micro_batches, split_micro_batches
@@ -56,6 +61,10 @@ class TorchTrainingEngine:
         self.model_path = Path(model_path)
         model, self.tokenizer = load_policy(model_path, dtype=dtype, impl=model_impl)
         self.model = model.to(self.device)
+        self.lora = cfg.lora is not None
+        self._base_checksum: str | None = None
+        if cfg.lora is not None:
+            self.model = lora.apply_lora(self.model, cfg.lora, self.model_path)
         self.cfg = cfg
         self.temperature = temperature
         self.horizon_steps = horizon_steps
@@ -73,7 +82,7 @@ class TorchTrainingEngine:
         # torch's own choice.
         self._foreach = None if self.sharded else True
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+            self._trainable(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
             **({} if self.sharded else {"fused": True}),
         )  # fmt: skip
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, horizon_steps))
@@ -88,6 +97,15 @@ class TorchTrainingEngine:
     def replays_routes(self) -> bool:
         """False: the torch engine's models route by their own router scores only."""
         return False
+
+    @property
+    def reference_is_base(self) -> bool:
+        """With LoRA: the reference is this policy with its adapters off (``base=True``)."""
+        return self.lora
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimizer steps: all of them, or with LoRA the adapters alone."""
+        return [param for param in self.model.parameters() if param.requires_grad]
 
     def _refuse_routes(self, batch: Batch, record_routes: bool = False) -> None:
         if record_routes or ROUTES in batch:
@@ -120,15 +138,27 @@ class TorchTrainingEngine:
 
     @torch.no_grad()
     def compute_log_probs(
-        self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False, record_routes: bool = False
+        self,
+        batch: Batch,
+        *,
+        with_entropy: bool = False,
+        pi_old: bool = False,
+        record_routes: bool = False,
+        base: bool = False,
     ) -> Batch:
         """Forward only, eval mode: per-token log-probs [B, T] (entropy too if asked).
 
         ``pi_old``: under the pinned pi_old weights when ``snapshot_pi_old`` pinned some
         (swapped in for the pass and swapped back bitwise), else under the current ones.
+        ``base`` (LoRA only): with the adapters off, the base model's own outputs.
         ``record_routes`` (or a batch with ``routes``): refused, see ``replays_routes``.
         """
         self._refuse_routes(batch, record_routes)
+        if base:
+            if not self.lora:
+                raise ValueError("base=True asks for the base model under LoRA adapters; this engine has none")
+            with self.model.disable_adapter():
+                return self._log_probs(batch, with_entropy)
         if pi_old and self._pi_old.active:
             with self._pi_old.swapped_in(self.model):
                 return self._log_probs(batch, with_entropy)
@@ -214,7 +244,7 @@ class TorchTrainingEngine:
         denominator = float(totals[1].clamp(min=1.0))
         # fully_shard averaged the gradients over the ranks: scale them back to their sum first
         scale = (dist.get_world_size() if self.sharded else 1) / denominator
-        grads = [param.grad for param in self.model.parameters() if param.grad is not None]
+        grads = [param.grad for param in self._trainable() if param.grad is not None]
         if self._foreach and grads:
             torch._foreach_mul_(grads, scale)
         else:
@@ -234,11 +264,12 @@ class TorchTrainingEngine:
         dist.all_reduce(totals)
         if self.sharded:  # fully_shard reduce-scattered the gradients in backward
             return totals.cpu()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
+        trainable = self._trainable()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable]
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         dist.all_reduce(flat)
         offset = 0
-        for param, grad in zip(self.model.parameters(), grads, strict=True):
+        for param, grad in zip(trainable, grads, strict=True):
             count = grad.numel()
             param.grad = flat[offset : offset + count].view_as(param).to(param.dtype)
             offset += count
@@ -248,7 +279,7 @@ class TorchTrainingEngine:
         """Clip and step; a NaN/inf grad norm skips the step (the weights stay finite) and is
         reported as ``actor/nonfinite_steps`` = 1, so the worker can stop a run that keeps doing it."""
         grad_norm = full(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=self._foreach)
+            torch.nn.utils.clip_grad_norm_(self._trainable(), self.cfg.grad_clip, foreach=self._foreach)
         )
         lr = self.optimizer.param_groups[0]["lr"]
         finite = bool(torch.isfinite(grad_norm))
@@ -276,19 +307,44 @@ class TorchTrainingEngine:
     # -- export and state ---------------------------------------------------------------
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named tensors, one at a time (the model *is* an HF model: names map 1:1). Sharded,
-        each is gathered whole (a collective: every rank exports together)."""
+        each is gathered whole (a collective: every rank exports together). With LoRA, the
+        adapted weights merged (W + (alpha / r) B A) under their base names."""
+        if self.lora:
+            yield from lora.merged_weights(self.model)
+            return
         for name, tensor in self.model.state_dict().items():
             yield name, full(tensor.detach())
 
     def state_dict(self) -> dict[str, object]:
-        """Sharded, each rank's own shards (its part of the weights and of Adam's moments)."""
+        """Sharded, each rank's own shards (its part of the weights and of Adam's moments).
+        With LoRA, the adapters alone, and the base model's path and checksum."""
+        if self.lora:
+            return {
+                "adapter": {name: param.detach() for name, param in lora.adapter_parameters(self.model)},
+                "base": {"path": str(self.model_path), "sha256": self.base_checksum()},
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+            }
         return {
             "model": {name: local(tensor) for name, tensor in self.model.state_dict().items()},
             "optimizer": local_state(self.optimizer.state_dict()),
             "scheduler": self.scheduler.state_dict(),
         }
 
+    def base_checksum(self) -> str:
+        """The base model's checksum (computed once: it hashes the weights)."""
+        if self._base_checksum is None:
+            self._base_checksum = lora.base_checksum(self.model_path)
+        return self._base_checksum
+
     def save_pretrained(self, path: Path) -> None:
+        """With LoRA: the merged policy as an HF directory, and the adapter alone in its
+        ``adapter/`` folder (a PEFT adapter directory of the base model)."""
+        if self.lora:
+            merged = lora.merged_model(self.model, self.model_path, next(self.model.parameters()).dtype)
+            save_policy(merged, self.tokenizer, self.model_path, path)
+            lora.save_adapter(self.model, Path(path) / "adapter")
+            return
         whole = None
         if self.sharded:  # the whole model, gathered as every rank's export gathers it; the first rank writes
             whole = dict(self.export_weights())
@@ -297,7 +353,10 @@ class TorchTrainingEngine:
         save_policy(self.model, self.tokenizer, self.model_path, path, whole)
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        if not self.sharded:
+        if self.lora:
+            lora.load_adapter_state(self.model, state, self.model_path, self.base_checksum())
+            self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        elif not self.sharded:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
         else:

@@ -107,6 +107,7 @@ class TrainerWorker:
         torch.set_flush_denormal(True)  # denormal floats in a tiny model slow CPU kernels 10x
         self.rank, self.world_size = rank, world_size
         self._engine_args = (model_path, horizon_steps, temperature, seed, with_reference)
+        self._with_reference = with_reference
         self.model_impl = model_impl
         self.agent = agent
         self.sandbox = sandbox
@@ -179,11 +180,12 @@ class TrainerWorker:
             self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
         )
         self._router_replay = build_router_replay(self.cfg.router_replay, self._engine, self.cfg.engine)
+        # with LoRA the reference is the policy's own base (adapters off): no second engine
         self.reference = (
             build_training_engine(
                 self.cfg.engine, model_path, self.cfg, horizon_steps, temperature, seed, model_impl=self.model_impl
             )
-            if with_reference
+            if with_reference and not self._engine.reference_is_base
             else None
         )
         self.pad_token_id = int(self._engine.tokenizer.pad_token_id)
@@ -199,14 +201,15 @@ class TrainerWorker:
         of a split model runs even with no key: its passes are collectives with the others'."""
         if not keys and not self._split_model:
             return 0
-        engine: TrainingEngine | None = self.reference if reference else self.engine
-        assert engine is not None, "this rank was built without a reference model"
+        base = reference and self.engine.reference_is_base
+        engine: TrainingEngine | None = self.reference if reference and not base else self.engine
+        assert engine is not None and (self._with_reference or not reference), "built without a reference model"
         if out_field == "old_log_probs":  # pi_old's pass: its routing is the router-replay strategy's
             records = self._records(partition, keys, self.router_replay.old_log_prob_fields())
             log_probs, extra = self.router_replay.old_log_probs(engine, collate(records, self.pad_token_id), records)
         else:
             records = self._records(partition, keys, [])
-            log_probs = engine.compute_log_probs(collate(records, self.pad_token_id))["log_probs"]
+            log_probs = engine.compute_log_probs(collate(records, self.pad_token_id), base=base)["log_probs"]
             extra = [{} for _ in records]
         values = scatter_response(log_probs, records)
         fields = [{out_field: value, **more} for value, more in zip(values, extra, strict=True)]

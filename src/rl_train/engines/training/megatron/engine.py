@@ -212,11 +212,19 @@ class MegatronTrainingEngine:
         return split_micro_batches(batch, rows, self.cfg.max_tokens_per_micro_batch)
 
     def compute_log_probs(
-        self, batch: Batch, *, with_entropy: bool = False, pi_old: bool = False, record_routes: bool = False
+        self,
+        batch: Batch,
+        *,
+        with_entropy: bool = False,
+        pi_old: bool = False,
+        record_routes: bool = False,
+        base: bool = False,
     ) -> Batch:
         """The contract's pass; on an MoE model, ``record_routes`` also gives ``routes``
         [B, T, L, k] (the experts each token went to: R2 records them for the update), and a
-        batch carrying ``routes`` is routed by them (replay)."""
+        batch carrying ``routes`` is routed by them (replay). ``base``: refused (no LoRA here)."""
+        if base:
+            raise ValueError("the megatron engine has no LoRA adapters to switch off (reference_is_base is False)")
         if pi_old and self._pi_old.active:
             with self._pi_old.swapped_in(self.module):
                 return self._log_probs(batch, with_entropy, record_routes)
@@ -366,6 +374,11 @@ class MegatronTrainingEngine:
     def data_parallel_rank(self) -> int:
         """megatron's data-parallel rank: the ranks of one tensor x pipeline split share it."""
         return self.dp_rank
+
+    @property
+    def reference_is_base(self) -> bool:
+        """False: the reference is an engine of its own (actor.lora is refused with megatron)."""
+        return False
 
     @property
     def replays_routes(self) -> bool:

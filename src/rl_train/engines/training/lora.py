@@ -1,0 +1,175 @@
+"""LoRA on the torch engine's policy, through PEFT (R-4.9).
+
+PEFT wraps each targeted linear layer: the layer's own weight stays as loaded (frozen) and
+two small matrices A and B are added, whose product, scaled, is the update. Only A and B
+carry gradients, so Adam's moments and checkpoints are the adapters' size. The reference
+model is the same network with the adapters switched off (PEFT's ``disable_adapter``), whose
+output is the base layer's own, bit for bit.
+
+Rollout engines take HF-named full weights: ``merged_weights`` gives each adapted weight as
+W + (alpha / r) B A under its base name, everything else as loaded. ``save_adapter`` writes a
+PEFT adapter directory (``PeftModel.from_pretrained(base, dir)`` loads it), with the base
+model's path in its config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_train.engines.training.lora_config import ALL_LINEAR, LoraSettings
+
+ADAPTER = "default"
+"""PEFT's name for the one adapter the engine trains."""
+BASE_FILES = ("*.safetensors", "config.json")
+"""What the base checksum covers: the weights and the architecture."""
+
+
+def require_peft() -> Any:
+    try:
+        import peft
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError("actor.lora needs PEFT: pip install 'rl-train[lora]'") from exc
+    return peft
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The layer that maps hidden states to the vocabulary (often tied to the input embeddings)."""
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else getattr(model, "lm_head", None)
+    return head if isinstance(head, torch.nn.Module) else None
+
+
+def linear_names(model: torch.nn.Module) -> list[str]:
+    """The last name part of every linear layer but the output head, in model order, once each:
+    the head is never adapted (tied to the embeddings, an adapter on it would change both)."""
+    head = output_head(model)
+    names: dict[str, None] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and module is not head:
+            names.setdefault(name.rsplit(".", 1)[-1], None)
+    return list(names)
+
+
+def resolve_targets(model: torch.nn.Module, targets: list[str] | str) -> list[str]:
+    """``actor.lora.target_modules`` as names present in ``model``; a name that matches no linear
+    layer is refused with the ones that exist (PEFT would adapt nothing, or fail later)."""
+    present = linear_names(model)
+    if targets == ALL_LINEAR:
+        if not present:
+            raise ValueError("actor.lora.target_modules 'all-linear': the policy has no linear layer to adapt")
+        return present
+    missing = [name for name in targets if name not in present]
+    if missing:
+        raise ValueError(
+            f"actor.lora.target_modules: {missing} match no linear layer of the policy; its linear layers "
+            f"are named {present} (the output head is never adapted), or use 'all-linear'"
+        )
+    return list(targets)
+
+
+def apply_lora(model: torch.nn.Module, settings: LoraSettings, base_path: str | Path) -> Any:
+    """``model`` wrapped by PEFT: fresh adapters (B = 0, so the policy starts as the base), or
+    those of ``settings.init_from``; only the adapters require grad."""
+    peft = require_peft()
+    if settings.init_from is not None:
+        folder = Path(settings.init_from)
+        if not (folder / "adapter_config.json").is_file():
+            raise FileNotFoundError(
+                f"actor.lora.init_from {str(folder)!r} is not a PEFT adapter directory (no adapter_config.json)"
+            )
+        wrapped = peft.PeftModel.from_pretrained(model, str(folder), is_trainable=True)
+    else:
+        config = peft.LoraConfig(
+            r=settings.rank,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            target_modules=resolve_targets(model, settings.target_modules),
+            bias="none",
+        )
+        wrapped = peft.get_peft_model(model, config)
+    wrapped.peft_config[ADAPTER].base_model_name_or_path = str(base_path)
+    return wrapped
+
+
+def adapter_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The trainable (adapter) parameters, by their full names."""
+    return [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+
+
+@torch.no_grad()
+def merged_weights(wrapped: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy as HF-named full weights: each adapted weight W + (alpha / r) B A, the rest as
+    loaded, under the base model's own names (what a rollout engine without LoRA loads)."""
+    from peft.tuners.lora import LoraLayer
+
+    base = wrapped.get_base_model()
+    merged: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+            weight = module.get_base_layer().weight
+            delta = module.get_delta_weight(ADAPTER)  # type: ignore[attr-defined]  # on each layer kind
+            merged[f"{name}.weight"] = weight + delta.to(weight.dtype)
+    for key, tensor in base.state_dict().items():
+        if "lora_" in key:
+            continue
+        name = key.replace(".base_layer.", ".")
+        yield name, merged.get(name, tensor).detach()
+
+
+def save_adapter(wrapped: Any, out: str | Path) -> None:
+    """A PEFT adapter directory at ``out``: adapter_config.json (the base model's path in it)
+    and the adapters' weights as safetensors."""
+    # the embeddings are never adapted: PEFT's "auto" would reload the base's config to check
+    wrapped.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
+
+
+def base_checksum(base_path: str | Path) -> str:
+    """SHA-256 over the base model's weights and config: a checkpoint of adapters is only
+    meaningful on the base it was trained on."""
+    folder = Path(base_path)
+    digest = hashlib.sha256()
+    for path in sorted(p for pattern in BASE_FILES for p in folder.glob(pattern)):
+        digest.update(path.name.encode())
+        with path.open("rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def merged_model(wrapped: Any, base_path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
+    """A fresh copy of the base model holding the merged weights (``wrapped`` stays as it is)."""
+    from rl_train.engines.model.loading import load_model
+
+    model = load_model(base_path, dtype=dtype)
+    model.load_state_dict(dict(merged_weights(wrapped)))
+    return model
+
+
+def load_adapter_state(wrapped: Any, state: dict[str, object], base_path: str | Path, checksum: str) -> None:
+    """The adapters of a LoRA checkpoint into ``wrapped``: refused when the checkpoint holds full
+    weights, was trained on another base model, or has adapters of other names."""
+    if "adapter" not in state:
+        raise ValueError(
+            "this checkpoint holds full weights, not LoRA adapters: actor.lora differs from the run that wrote it"
+        )
+    base: dict[str, str] = state["base"]  # type: ignore[assignment]
+    if base["sha256"] != checksum:
+        raise ValueError(
+            f"this checkpoint's adapters were trained on the base model at {base['path']} "
+            f"(sha256 {base['sha256'][:12]}...); {base_path} differs (sha256 {checksum[:12]}...)"
+        )
+    saved: dict[str, torch.Tensor] = state["adapter"]  # type: ignore[assignment]
+    own = dict(adapter_parameters(wrapped))
+    if set(saved) != set(own):
+        raise ValueError(
+            f"this checkpoint's adapters ({len(saved)} tensors) do not match actor.lora's ({len(own)}): "
+            f"differing names {sorted(set(saved) ^ set(own))[:4]}"
+        )
+    with torch.no_grad():
+        for name, param in own.items():
+            param.copy_(saved[name])
