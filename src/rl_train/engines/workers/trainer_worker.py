@@ -374,6 +374,8 @@ class TrainerWorker:
             self.engine.save_pretrained(tmp)
             files = sorted(p for p in tmp.rglob("*") if p.is_file())
             fs.makedirs(root, exist_ok=True)
+            for folder in sorted({p.parent for p in files} - {tmp}):  # a LoRA policy's adapter/
+                fs.makedirs(f"{root.rstrip('/')}/{folder.relative_to(tmp).as_posix()}", exist_ok=True)
             for path in files:
                 fs.put_file(str(path), f"{root.rstrip('/')}/{path.relative_to(tmp).as_posix()}")
         finally:
