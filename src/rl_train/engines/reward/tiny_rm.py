@@ -35,8 +35,14 @@ from rl_train.engines.reward.tiny_rm_data import (
 TOKENIZER_CORPUS, HELD_OUT = 4000, 1000
 """Examples the tokenizer's merges are learnt from; held-out examples the accuracy is measured on."""
 GROUP = 16
-LR = 1e-3
 """Answers per prompt in a training step: the right one and fifteen wrong ones, most of them near misses."""
+STEPS, BATCH_SIZE = 400, 512
+"""32 prompts a step (a third of single_digit_sum's 100). Large batches learn the table in fewer
+examples than small ones: 400 steps of 512 rank near misses right 1.000 of the time in about a
+minute of one thread, where 4,000 steps of 32 (2 prompts) reached 0.715 and 1,000 of 256 0.976."""
+LR, BETAS, GRAD_CLIP = 3e-3, (0.9, 0.98), 1.0
+"""A shorter memory of the gradient's scale and a clipped norm: the loss drops suddenly once the
+model starts to add (a plateau, then a cliff), and lr 5e-3 or more without them stalls there."""
 
 MAX_RANKED_PROMPTS = 200
 """Prompts the near-miss ranking is measured on (all of single_digit_sum's 100)."""
@@ -190,8 +196,8 @@ def train_tiny_rm(
     out_dir: str | Path,
     task: str = "single_digit_sum",
     seed: int = 0,
-    steps: int = 4000,
-    batch_size: int = 32,
+    steps: int = STEPS,
+    batch_size: int = BATCH_SIZE,
     progress: Callable[[str], None] = print,
 ) -> TrainingReport:
     """Train the tiny reward model on ``task`` and write it to ``out_dir`` (which must not hold
@@ -253,7 +259,7 @@ def _fit(
     (prompt, answer) pairs it saw."""
     rng = random.Random(seed)
     largest = largest_answer(prompts)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=0.01)
     warmup = max(steps // 20, 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) * (1.0 - step / steps)
@@ -281,6 +287,7 @@ def _fit(
         )
         optimizer.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
         optimizer.step()
         schedule.step()
         if (step + 1) % max(steps // 5, 1) == 0:
