@@ -50,3 +50,5 @@ def test_the_reward_model_s_score_and_the_rule_s_both_rise(tmp_path: Path) -> No
     print(f"RM score {start(rm):.3f} -> {end(rm):.3f}; rule {start(rule):.3f} -> {end(rule):.3f}")
     assert end(rm) > start(rm) + 0.1, rm
     assert end(rule) > start(rule) + 0.2 and end(rule) > 2 * start(rule), rule
+    # the learned reward (a probability of being right) tracks the verifiable one: not hacked
+    assert abs(end(rm) - end(rule)) < 0.1, (rm, rule)
