@@ -20,7 +20,8 @@ from rl_train.config import load_config
 from rl_train.flows.train import run_training
 from rl_train.storage.metrics import read_metrics
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # 784 s under a load of 4; one pretraining alone took 13 min at 4-6
+# 784 s under a load of 4; the policy's pretraining alone once took 13 min under a load of 4-6
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, WINDOW = 30, 5
