@@ -20,7 +20,7 @@ from rl_train.config import load_config
 from rl_train.flows.train import run_training
 from rl_train.storage.metrics import read_metrics
 
-# 784 s under a load of 4; the policy's pretraining alone once took 13 min under a load of 4-6
+# 602-784 s under a load of 4-7 (the 30 steps themselves: about 40 s once the load fell)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
