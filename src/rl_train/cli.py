@@ -83,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     init_rm.add_argument("--out", required=True, help="directory to write (must not exist or be empty)")
     init_rm.add_argument("--task", default="single_digit_sum", help="the built-in task whose answers it judges")
     init_rm.add_argument("--seed", type=int, default=0)
-    init_rm.add_argument("--steps", type=int, default=4000, help="training steps (batches of 32)")
+    init_rm.add_argument(
+        "--steps", type=int, default=None, help="training steps (batches of 512; default 400, about a minute)"
+    )
 
     init_data = sub.add_parser("init-data", help="write a built-in task's train/val Parquet files")
     init_data.add_argument(
@@ -191,7 +193,8 @@ def _init_reward_model(args: argparse.Namespace) -> int:
     from rl_train.engines.reward.tiny_rm import train_tiny_rm
 
     try:
-        train_tiny_rm(args.out, task=args.task, seed=args.seed, steps=args.steps)
+        steps = {} if args.steps is None else {"steps": args.steps}
+        train_tiny_rm(args.out, task=args.task, seed=args.seed, **steps)
     except (FileExistsError, ValueError) as exc:
         print(f"rl-train init-reward-model: {exc}", file=sys.stderr)
         return 2

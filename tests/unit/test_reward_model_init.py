@@ -1,7 +1,7 @@
 """``rl-train init-reward-model`` (engines/reward/tiny_rm.py, tiny_rm_data.py): it never
 overwrites a directory, it is deterministic by seed, and the model it trains tells right
 answers from wrong ones it has never seen, and ranks a prompt's near misses below its right
-answer more often than chance (it learns some of the table, not only what answers look like)."""
+answer nearly always (it learns the table, not only what answers look like)."""
 
 from __future__ import annotations
 
@@ -49,10 +49,10 @@ def test_the_examples_are_deterministic_and_the_held_out_wrong_answers_unseen() 
 def test_the_trained_model_tells_right_answers_from_wrong_ones(tmp_path: Path) -> None:
     report = train_tiny_rm(tmp_path / "rm", seed=0, progress=lambda _: None)
     assert report.held_out_accuracy > 0.95
-    assert report.near_miss_ranking > 0.6  # chance: 0.5
+    assert report.near_miss_ranking > 0.95  # chance: 0.5; the RL run on it alone needs ~0.9
     rm = RewardModel("reward.models.rm", RewardModelConfig(path=str(report.out), normalise="sigmoid"))
     row = {"prompt": "3+4=", "data_source": "arith/single_digit_sum", "ground_truth": "7"}
-    right, *wrong = rm.score_batch([Trajectory.of_answer(row, text) for text in ("7", "", "x+", "93")])
+    right, *wrong = rm.score_batch([Trajectory.of_answer(row, text) for text in ("7", "", "x+", "93", "6", "8")])
     assert right.score > 0.5 and all(w.score < 0.5 for w in wrong)
     tokenizer = rm.encoder.tokenizer  # its own vocabulary and template, not the policy's
     assert tokenizer.bos_token == "<|bos|>" and "<|assistant|>" in tokenizer.get_vocab()
@@ -63,7 +63,7 @@ def test_the_trained_model_tells_right_answers_from_wrong_ones(tmp_path: Path) -
         r.sub_scores["rm_logit"]
         for r in rm.score_batch([Trajectory.of_answer({**row, "prompt": e.prompt}, e.response) for e in held])
     ]
-    assert sum((v > 0) == bool(e.label) for v, e in zip(logits, held, strict=True)) / len(held) > 0.8
+    assert sum((v > 0) == bool(e.label) for v, e in zip(logits, held, strict=True)) / len(held) > 0.95
 
 
 def test_it_is_deterministic_by_seed(tmp_path: Path) -> None:

@@ -1,12 +1,15 @@
 """``rl-train init-reward-model``: the built-in tiny discriminative reward model, in HF format.
 
 A Qwen2-architecture sequence classifier (one output, random init, about 0.1M parameters) is
-trained for about a minute of CPU to tell a built-in task's right answers from wrong ones
-(``tiny_rm_data.py``), near misses included: each step ranks a prompt's right answer above its
-nearest wrong sums, so it learns the table, not only what answers look like. It has a tokenizer of its own, unlike the policy's character one: a
-byte-level BPE with its own merges, its own special tokens and its own chat template, which
-writes the BOS itself. So the policy's ids mean nothing to it and every trajectory is decoded,
-re-templated and re-encoded on the way (R-6.3), BOS and tool markup included, for real.
+trained for about a minute of one CPU thread to tell a built-in task's right answers from wrong
+ones (``tiny_rm_data.py``), near misses included: each step ranks a prompt's right answer above
+its nearest wrong sums, so it learns the table, not only what answers look like (on
+single_digit_sum it ranks every near miss below the right answer, which is what lets a policy
+train on it alone: ``tests/slow/test_rm_learns.py``). It has a tokenizer of its own, unlike the
+policy's character one: a byte-level BPE with its own merges, its own special tokens and its own
+chat template, which writes the BOS itself. So the policy's ids mean nothing to it and every
+trajectory is decoded, re-templated and re-encoded on the way (R-6.3), BOS and tool markup
+included, for real.
 """
 
 from __future__ import annotations
@@ -35,8 +38,16 @@ from rl_train.engines.reward.tiny_rm_data import (
 TOKENIZER_CORPUS, HELD_OUT = 4000, 1000
 """Examples the tokenizer's merges are learnt from; held-out examples the accuracy is measured on."""
 GROUP = 16
-LR = 1e-3
 """Answers per prompt in a training step: the right one and fifteen wrong ones, most of them near misses."""
+STEPS, BATCH_SIZE = 400, 512
+"""32 prompts a step (a third of single_digit_sum's 100). Large batches learn the table in fewer
+examples than small ones: 400 steps of 512 rank near misses right 1.000 of the time (seed 0;
+0.941 with seed 1) in about a minute of one thread, where 4,000 steps of 32 (2 prompts) reached
+0.715, 1,000 of 256 0.976 and 200 of 1,024 0.980. Wider (96) or deeper (3 layers) did worse."""
+LR, BETAS, GRAD_CLIP = 3e-3, (0.9, 0.98), 1.0
+"""The loss sits on a plateau (answers that look right) and then drops once the model starts to
+add; a shorter memory of the gradient's scale and a clipped norm get there sooner (600 steps of
+256: 0.946 against 0.903 without them); lr 5e-3 did worse, 1e-2 stayed at chance."""
 
 MAX_RANKED_PROMPTS = 200
 """Prompts the near-miss ranking is measured on (all of single_digit_sum's 100)."""
@@ -190,8 +201,8 @@ def train_tiny_rm(
     out_dir: str | Path,
     task: str = "single_digit_sum",
     seed: int = 0,
-    steps: int = 4000,
-    batch_size: int = 32,
+    steps: int = STEPS,
+    batch_size: int = BATCH_SIZE,
     progress: Callable[[str], None] = print,
 ) -> TrainingReport:
     """Train the tiny reward model on ``task`` and write it to ``out_dir`` (which must not hold
@@ -253,7 +264,7 @@ def _fit(
     (prompt, answer) pairs it saw."""
     rng = random.Random(seed)
     largest = largest_answer(prompts)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=0.01)
     warmup = max(steps // 20, 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) * (1.0 - step / steps)
@@ -281,6 +292,7 @@ def _fit(
         )
         optimizer.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
         optimizer.step()
         schedule.step()
         if (step + 1) % max(steps // 5, 1) == 0:
