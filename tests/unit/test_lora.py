@@ -234,3 +234,32 @@ def test_bad_lora_config_is_refused_at_load(actor: dict, message: str) -> None:
 def test_defaults() -> None:
     settings = LoraSettings()
     assert (settings.rank, settings.alpha, settings.dropout, settings.target_modules) == (8, 16.0, 0.0, "all-linear")
+
+
+def test_an_adapter_folder_loads_as_its_base_with_the_adapter_merged(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``load_policy`` (so ``rl-train eval``'s and the rollout engines' loading) takes a PEFT
+    adapter folder as the policy it trained; a folder whose base is gone is named."""
+    import json
+
+    data = batch(tiny_model_dir)
+    trainer = engine(tiny_model_dir)
+    trainer.train_batch(data, build_actor_loss_fn(ActorConfig()))
+    trainer.save_pretrained(tmp_path / "policy")
+    adapter = tmp_path / "policy" / "adapter"
+    positions = (data["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    logits = {}
+    for name, folder in (("merged", tmp_path / "policy"), ("adapter", adapter)):
+        model, tokenizer = load_policy(folder)
+        assert tokenizer.pad_token_id == trainer.tokenizer.pad_token_id
+        with torch.no_grad():
+            logits[name] = model(input_ids=data["input_ids"], position_ids=positions).logits
+    torch.testing.assert_close(logits["adapter"], logits["merged"], atol=1e-5, rtol=0)
+    rollout = build_rollout_engine("torch", adapter, seed=0)
+    tok = rollout.tokenizer
+    out = rollout.generate([GenerationRequest("0", [tok.bos_token_id, *tok.encode("1+2=", add_special_tokens=False)])], SamplingParams(1.0, 1.0, 4))
+    assert out[0].response_ids
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(tmp_path / "gone")
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="is not a local model folder"):
+        load_policy(adapter)

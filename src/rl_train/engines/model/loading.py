@@ -13,6 +13,7 @@ which one a worker uses; ``save_policy`` writes an HF directory either way.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,7 +45,30 @@ def resolve_impl(path: str | Path, impl: str = "auto") -> str:
     return "transformers"
 
 
+def adapter_base(path: str | Path) -> Path | None:
+    """The base model folder a PEFT adapter folder names (a LoRA run's ``policy/adapter``), or
+    None when ``path`` is a model folder of its own."""
+    folder = Path(path)
+    if not (folder / "adapter_config.json").is_file() or (folder / "config.json").is_file():
+        return None
+    base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not isinstance(base, str) or not (Path(base) / "config.json").is_file():
+        raise ValueError(
+            f"{folder} is a PEFT adapter folder whose base_model_name_or_path {base!r} is not a local "
+            "model folder; load the merged policy (the run's policy/) instead"
+        )
+    return Path(base)
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, impl: str = "auto") -> Any:
+    """The model of an HF-format folder; a PEFT adapter folder gives its base with the adapter
+    merged in (an adapter is then evaluated or served as the policy it trained)."""
+    base = adapter_base(path)
+    if base is not None:
+        from rl_train.engines.training.lora import require_peft
+
+        adapted = require_peft().PeftModel.from_pretrained(load_model(base, dtype, impl), str(path))
+        return adapted.merge_and_unload()
     if resolve_impl(path, impl) == "native":
         from rl_train.engines.model.native import load_native
 
@@ -56,7 +80,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, impl: str =
 
 def load_policy(path: str | Path, dtype: torch.dtype = torch.float32, impl: str = "auto") -> tuple[Any, Any]:
     """The policy's model and tokenizer from a local HF directory, offline."""
-    return load_model(path, dtype, impl), load_tokenizer(path)
+    return load_model(path, dtype, impl), load_tokenizer(adapter_base(path) or path)
 
 
 def is_native(model: Any) -> bool:
