@@ -81,8 +81,11 @@ class TorchTrainingEngine:
         # in tests/unit/test_torch_engine_optimizer.py). Sharded (DTensor) parameters keep
         # torch's own choice.
         self._foreach = None if self.sharded else True
+        # the parameters the optimizer steps, listed once (after sharding, which replaces them):
+        # all of them, or with LoRA the adapters alone
+        self._trainable = [param for param in self.model.parameters() if param.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self._trainable(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+            self._trainable, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
             **({} if self.sharded else {"fused": True}),
         )  # fmt: skip
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, horizon_steps))
@@ -102,10 +105,6 @@ class TorchTrainingEngine:
     def reference_is_base(self) -> bool:
         """With LoRA: the reference is this policy with its adapters off (``base=True``)."""
         return self.lora
-
-    def _trainable(self) -> list[torch.nn.Parameter]:
-        """The parameters the optimizer steps: all of them, or with LoRA the adapters alone."""
-        return [param for param in self.model.parameters() if param.requires_grad]
 
     def _refuse_routes(self, batch: Batch, record_routes: bool = False) -> None:
         if record_routes or ROUTES in batch:
@@ -244,7 +243,7 @@ class TorchTrainingEngine:
         denominator = float(totals[1].clamp(min=1.0))
         # fully_shard averaged the gradients over the ranks: scale them back to their sum first
         scale = (dist.get_world_size() if self.sharded else 1) / denominator
-        grads = [param.grad for param in self._trainable() if param.grad is not None]
+        grads = [param.grad for param in self._trainable if param.grad is not None]
         if self._foreach and grads:
             torch._foreach_mul_(grads, scale)
         else:
@@ -264,7 +263,7 @@ class TorchTrainingEngine:
         dist.all_reduce(totals)
         if self.sharded:  # fully_shard reduce-scattered the gradients in backward
             return totals.cpu()
-        trainable = self._trainable()
+        trainable = self._trainable
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable]
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         dist.all_reduce(flat)
@@ -279,7 +278,7 @@ class TorchTrainingEngine:
         """Clip and step; a NaN/inf grad norm skips the step (the weights stay finite) and is
         reported as ``actor/nonfinite_steps`` = 1, so the worker can stop a run that keeps doing it."""
         grad_norm = full(
-            torch.nn.utils.clip_grad_norm_(self._trainable(), self.cfg.grad_clip, foreach=self._foreach)
+            torch.nn.utils.clip_grad_norm_(self._trainable, self.cfg.grad_clip, foreach=self._foreach)
         )
         lr = self.optimizer.param_groups[0]["lr"]
         finite = bool(torch.isfinite(grad_norm))
