@@ -14,6 +14,7 @@ from prefect import flow
 from rl_train import startup_clock
 from rl_train.config import Config, ConfigError, config_to_yaml, mode_config_errors
 from rl_train.engines.agent.config import check_agent_loop
+from rl_train.engines.weight_sync.adapters import merged_sync_note
 from rl_train.engines.workers.errors import find_cause
 from rl_train.engines.workers.launched import LaunchedPools
 from rl_train.engines.workers.pools import WorkerClasses, WorkerPools, ensure_ray
@@ -106,6 +107,9 @@ class BaseTrainer(ABC):
 
         On failure, whatever was started is released before the error propagates."""
         launched, self._launched = self._launched, None
+        note = merged_sync_note(self.config.actor.lora, self.config.rollout.engine)
+        if note is not None:
+            print(note, file=sys.stderr)
         try:
             prepare_inputs(self.config)
             train_prompts = load_prompts(self.config.data.resolved_train_files(), check_agent_name=check_agent_loop)

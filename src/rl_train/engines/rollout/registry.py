@@ -7,6 +7,7 @@ is one builder and one line of the table here; the conformance suite then runs a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
@@ -22,6 +23,15 @@ class RolloutEngineBuilder(Protocol):
     def __call__(
         self, model_path: str | Path, *, seed: int, device: str, options: dict[str, Any] | None
     ) -> RolloutEngine: ...
+
+
+@dataclass(frozen=True)
+class RolloutEngineEntry(Entry[RolloutEngineBuilder]):
+    """A rollout engine's builder, its line for users, and what it can load besides full weights."""
+
+    loads_lora_adapters: bool = False
+    """It serves LoRA adapters synced alone (``weight_sync.adapters``): with ``actor.lora`` a sync
+    then sends the adapters, not the merged weights."""
 
 
 def _build_torch(
@@ -47,15 +57,17 @@ def _build_sglang(
     return SglangRolloutEngine(model_path, seed=seed, options=options)
 
 
-ROLLOUT_ENGINES: Registry[Entry[RolloutEngineBuilder]] = Registry(
+ROLLOUT_ENGINES: Registry[RolloutEngineEntry] = Registry(
     "rollout engine",
     "rollout.engine",
     {
-        "torch": Entry(
+        "torch": RolloutEngineEntry(
             _build_torch,
-            "the built-in batched sampler with a KV cache, in the replica's process, CPU or one GPU.",
+            "the built-in batched sampler with a KV cache, in the replica's process, CPU or one GPU; "
+            "LoRA adapters synced alone are merged into its weights.",
+            loads_lora_adapters=True,
         ),
-        "sglang": Entry(
+        "sglang": RolloutEngineEntry(
             _build_sglang,
             "an sglang server, launched per replica (the `sglang` extra, a GPU) or attached to by "
             "`rollout.sglang.url`, driven over its HTTP API only; weights reach it from disk or over a "
@@ -80,3 +92,8 @@ def build_rollout_engine(
 
 RolloutEngineName = Annotated[str, AfterValidator(ROLLOUT_ENGINES.check)]
 """A config field holding a registered rollout engine name, checked at load."""
+
+
+def loads_lora_adapters(name: str) -> bool:
+    """Whether the rollout engine registered as ``name`` serves LoRA adapters synced alone."""
+    return ROLLOUT_ENGINES[name].loads_lora_adapters

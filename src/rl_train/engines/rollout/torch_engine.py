@@ -39,6 +39,7 @@ from rl_train.engines.model.native_decode import (
     generation_bias,
 )
 from rl_train.engines.rollout.kept_kv import DEFAULT_MAX_MIB, KeptEntry, KeptKV, assemble, gather_group
+from rl_train.engines.rollout.lora_merge import AdapterMerger
 from rl_train.engines.rollout.protocol import (
     EngineStateError,
     GenerationRequest,
@@ -94,6 +95,8 @@ class TorchRolloutEngine:
         self._kv_released = False
         self.kept = KeptKV(keep_kv_mib << 20 if self._native else 0)
         """Keys and values requests kept for their next turn (the native model's cache only)."""
+        self.adapters = AdapterMerger(self.model)
+        """LoRA adapters synced alone, merged into the weights they adapt."""
 
     def sampling_state(self) -> torch.Tensor:
         return self._generator.get_state()
@@ -460,18 +463,24 @@ class TorchRolloutEngine:
 
     # -- weights ------------------------------------------------------------------------
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        """Load HF-named tensors in place (on the device, or on the host while asleep); serve ``version``."""
+        """Load HF-named tensors in place (on the device, or on the host while asleep); serve
+        ``version``. LoRA adapters synced alone are merged into their layers (``lora_merge``)."""
         with torch.no_grad():
-            for dest, tensor in self._storages("update_weights", named_tensors):
+            items = self.adapters.route(named_tensors, lambda held, rest: held.copy_(rest[0]))
+            for dest, tensor in self._storages("update_weights", items):
                 dest.copy_(tensor)
+            self.adapters.merge()
         self.kept.clear()
         self.version = version
 
     def update_weights_sparse(self, updates: SparseUpdates, version: int) -> None:
-        """Overwrite the given flat positions of HF-named tensors in place; serve ``version``."""
+        """Overwrite the given flat positions of HF-named tensors (or of adapters synced alone,
+        then merged again) in place; serve ``version``."""
         with torch.no_grad():
-            for dest, index, values in self._storages("update_weights_sparse", updates):
+            items = self.adapters.route(updates, lambda held, rest: write_entries(held, rest[0], rest[1]))
+            for dest, index, values in self._storages("update_weights_sparse", items):
                 write_entries(dest, index, values)
+            self.adapters.merge()
         self.kept.clear()
         self.version = version
 

@@ -6,8 +6,10 @@ carry gradients, so Adam's moments and checkpoints are the adapters' size. The r
 model is the same network with the adapters switched off (PEFT's ``disable_adapter``), whose
 output is the base layer's own, bit for bit.
 
-Rollout engines take HF-named full weights: ``merged_weights`` gives each adapted weight as
-W + (alpha / r) B A under its base name, everything else as loaded. ``save_adapter`` writes a
+A weight sync sends the adapters alone (``adapter_tensors``, named as ``weight_sync.adapters``
+says) to a rollout engine that merges them itself, and HF-named full weights to any other:
+``merged_weights`` gives each adapted weight as W + (alpha / r) B A under its base name,
+everything else as loaded. ``save_adapter`` writes a
 PEFT adapter directory (``PeftModel.from_pretrained(base, dir)`` loads it), with the base
 model's path in its config.
 """
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from rl_train.engines.training.lora_config import ALL_LINEAR, LoraSettings
+from rl_train.engines.weight_sync import adapters
 
 ADAPTER = "default"
 """PEFT's name for the one adapter the engine trains."""
@@ -101,24 +104,40 @@ def adapter_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Param
     return [(name, param) for name, param in model.named_parameters() if param.requires_grad]
 
 
+def _adapted_layers(wrapped: Any) -> Iterator[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(base weight name, base weight, A, B scaled by alpha / r) of every adapted layer."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in wrapped.get_base_model().named_modules():
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+            a: torch.Tensor = module.lora_A[ADAPTER].weight  # type: ignore[assignment]  # PEFT's Linear
+            b: torch.Tensor = module.lora_B[ADAPTER].weight  # type: ignore[assignment]
+            weight: torch.Tensor = module.get_base_layer().weight  # type: ignore[assignment]
+            yield f"{name}.weight", weight, a.detach(), b.detach() * module.scaling[ADAPTER]
+
+
 @torch.no_grad()
 def merged_weights(wrapped: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy as HF-named full weights: each adapted weight W + (alpha / r) B A, the rest as
-    loaded, under the base model's own names (what a rollout engine without LoRA loads)."""
-    from peft.tuners.lora import LoraLayer
-
-    base = wrapped.get_base_model()
-    merged: dict[str, torch.Tensor] = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
-            weight = module.get_base_layer().weight
-            delta = module.get_delta_weight(ADAPTER)  # type: ignore[attr-defined]  # on each layer kind
-            merged[f"{name}.weight"] = weight + delta.to(weight.dtype)
-    for key, tensor in base.state_dict().items():
+    loaded, under the base model's own names (what a rollout engine without LoRA loads). The
+    merge is ``weight_sync.adapters.merged``, the one a rollout engine sent the adapters alone
+    does, so both end on the same bits."""
+    merged = {name: adapters.merged(weight, a, b) for name, weight, a, b in _adapted_layers(wrapped)}
+    for key, tensor in wrapped.get_base_model().state_dict().items():
         if "lora_" in key:
             continue
         name = key.replace(".base_layer.", ".")
         yield name, merged.get(name, tensor).detach()
+
+
+@torch.no_grad()
+def adapter_tensors(wrapped: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """What an adapter-only weight sync sends: A and scaled B of every adapted layer, under the
+    names of ``weight_sync.adapters`` (a new tensor for B, A as trained)."""
+    for name, _, a, b in _adapted_layers(wrapped):
+        a_name, b_name = adapters.adapter_names(name)
+        yield a_name, a
+        yield b_name, b
 
 
 def save_adapter(wrapped: Any, out: str | Path) -> None:

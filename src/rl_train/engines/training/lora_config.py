@@ -23,6 +23,8 @@ class LoraSettings(StrictModel):
     """Dropout on the adapters' input in training passes (0: the update is a pure function of the batch)."""
     target_modules: list[str] | Literal["all-linear"] = ALL_LINEAR
     """Module names (suffixes, as PEFT matches them: q_proj, v_proj, ...) to adapt, or all-linear: every linear layer but the output head. Names that match no module of the policy are refused when the engine is built, with the policy's linear modules listed."""
+    sync: Literal["adapter", "merged"] = "adapter"
+    """What a weight sync sends: adapter (the adapters alone, megabytes where the model is gigabytes) to a rollout engine that serves them, else the merged full weights (with a line saying so); merged: always the merged full weights."""
     init_from: str | None = None
     """A PEFT adapter directory (adapter_config.json + weights) to start from instead of a fresh adapter (B = 0); its rank and targets are the directory's."""
 

@@ -95,6 +95,11 @@ class TrainingEngine(Protocol):
         FSDP) a collective: every rank of the split calls it together."""
         ...
 
+    def export_adapters(self) -> NamedTensors:
+        """Only where ``reference_is_base`` (LoRA): the adapters alone, as an adapter-only weight
+        sync sends them (names and scale as ``weight_sync.adapters`` says)."""
+        ...
+
     def state_dict(self) -> dict[str, object]:
         """Model, optimizer and scheduler state (a checkpoint, R-9.2): nested dicts and lists of
         tensors and plain values, which the checkpoint store writes as safetensors + JSON."""

@@ -314,6 +314,13 @@ class TorchTrainingEngine:
         for name, tensor in self.model.state_dict().items():
             yield name, full(tensor.detach())
 
+    def export_adapters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """With LoRA, what an adapter-only weight sync sends: each adapted layer's A and scaled B
+        (``weight_sync.adapters``), nothing of the base model."""
+        if not self.lora:
+            raise RuntimeError("export_adapters: this engine trains every weight (actor.lora is not set)")
+        return lora.adapter_tensors(self.model)
+
     def state_dict(self) -> dict[str, object]:
         """Sharded, each rank's own shards (its part of the weights and of Adam's moments).
         With LoRA, the adapters alone, and the base model's path and checksum."""

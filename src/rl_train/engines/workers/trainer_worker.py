@@ -12,7 +12,8 @@ import ray
 from rl_train.engines.node_address import node_address
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.nonfinite import NonFiniteStepGuard
-from rl_train.engines.weight_sync.base import WeightSender, WeightSyncBackend
+from rl_train.engines.weight_sync.adapters import sends_adapters
+from rl_train.engines.weight_sync.base import NamedTensors, WeightSender, WeightSyncBackend
 from rl_train.engines.workers.host_memory import freeze_built_objects, keep_freed_memory
 from rl_train.engines.workers.placement import check_device
 from rl_train.owned_tmp import owned_dir
@@ -262,12 +263,22 @@ class TrainerWorker:
         self.sender = backend.build_sender()
         return self.sender.descriptor()
 
+    @property
+    def sends_adapters(self) -> bool:
+        """Whether a weight sync sends the LoRA adapters alone (``weight_sync.adapters``): LoRA
+        trains, ``actor.lora.sync`` is ``adapter`` and the rollout engine serves adapters."""
+        return sends_adapters(self.cfg.lora, self.rollout_engine)
+
+    def export_for_sync(self) -> NamedTensors:
+        """What a weight sync sends: the adapters alone, or the HF-named full weights."""
+        return self.engine.export_adapters() if self.sends_adapters else self.engine.export_weights()
+
     def freeze_weights(self, version: int) -> None:
         """Copy the weights to send as ``version``, so the updates after this call cannot change them.
 
         Runs in the main thread, in order with ``update``; ``send_weights(version, frozen=True)``,
         in the weight-sync thread, waits for it and sends the copy while training goes on."""
-        frozen = [(name, tensor.detach().clone()) for name, tensor in self.engine.export_weights()]
+        frozen = [(name, tensor.detach().clone()) for name, tensor in self.export_for_sync()]
         with self._frozen_ready:
             self._frozen = (version, frozen)
             self._frozen_ready.notify_all()
@@ -276,7 +287,7 @@ class TrainerWorker:
         """Export and transport the weights as ``version``: the live ones, or the frozen copy."""
         assert self.sender is not None, "open_sender() first"
         if not frozen:
-            return run_sender(self.sender, self.engine.export_weights, version)
+            return run_sender(self.sender, self.export_for_sync, version)
         with self._frozen_ready:
             if not self._frozen_ready.wait_for(lambda: self._frozen[0] == version, FREEZE_TIMEOUT_SECONDS):
                 raise TimeoutError(f"weights of version {version} were never frozen for sending")

@@ -375,6 +375,10 @@ class MegatronTrainingEngine:
         """megatron's data-parallel rank: the ranks of one tensor x pipeline split share it."""
         return self.dp_rank
 
+    def export_adapters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Never called: actor.lora is refused with megatron at config load."""
+        raise ValueError("the megatron engine trains no LoRA adapters (actor.lora is refused with megatron)")
+
     @property
     def reference_is_base(self) -> bool:
         """False: the reference is an engine of its own (actor.lora is refused with megatron)."""
