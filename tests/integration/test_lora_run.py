@@ -101,6 +101,8 @@ def test_a_lora_run_resumes_bitwise_and_its_adapter_loads_with_peft(
     a, b = _adapter(straight["run_dir"]), _adapter(resumed["run_dir"])
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
     assert any(k for k in a if ".lora_B." in k and a[k].abs().sum() > 0)  # the adapters trained
+    adapter_bytes = sum(t.numel() * t.element_size() for t in a.values())
+    assert all(m["weight_sync/bytes"] == adapter_bytes for m in rows)  # each sync: the adapters alone
 
     reported = rows[-1]["val/reward_mean"]
     adapter = Path(straight["run_dir"], "policy", "adapter")
