@@ -8,11 +8,12 @@ from pathlib import Path
 from rl_train.bench import lora
 
 
-def test_a_lora_side_trains_fewer_parameters_keeps_less_state_and_syncs_the_merged_weights(tiny_model_dir: Path) -> None:
-    full = lora.measure_side(str(tiny_model_dir), 0, steps=1)
-    adapted = lora.measure_side(str(tiny_model_dir), 4, steps=1)
-    assert set(full) == set(adapted) == set(lora.FIGURES)
+def test_a_lora_side_trains_keeps_and_syncs_less_and_times_its_generation_three_ways(tiny_model_dir: Path) -> None:
+    full = lora.measure_side(str(tiny_model_dir), 0, steps=2)
+    adapted = lora.measure_side(str(tiny_model_dir), 4, steps=2, targets=["q_proj", "v_proj"], link=("delta", "shm"), repeats=1)
+    assert set(full) == set(lora.FIGURES) and set(adapted) == {*lora.FIGURES, *lora.GENERATION}
     assert 0 < adapted["trainable"] < full["trainable"] / 4
     assert adapted["state_mb"] < full["state_mb"] / 4  # adapters and their moments, no base weights
-    assert adapted["sync_mb"] == full["sync_mb"]  # merged full weights, every name
-    assert min(adapted["step_s"], full["step_s"], adapted["export_s"], full["export_s"]) > 0
+    assert 0 < adapted["sync_mb"] < full["sync_mb"] / 10  # the adapters alone (a delta of them at step 2)
+    timed = ("sync_s", "step_s", *lora.GENERATION)
+    assert min(adapted[name] for name in timed) > 0 and min(full["step_s"], full["sync_s"]) > 0
