@@ -263,3 +263,10 @@ def test_an_adapter_folder_loads_as_its_base_with_the_adapter_merged(tiny_model_
     (adapter / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="is not a local model folder"):
         load_policy(adapter)
+
+
+def test_lora_with_router_replay_is_refused_by_name() -> None:
+    with pytest.raises(ValidationError, match="actor.lora with actor.router_replay 'r3'"):
+        ActorConfig(lora={}, router_replay="r3", engine="megatron")
+    with pytest.raises(ValidationError, match="actor.lora with actor.router_replay 'r2'"):
+        ActorConfig(lora={}, router_replay="r2")

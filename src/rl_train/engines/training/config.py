@@ -80,6 +80,11 @@ class ActorConfig(PolicyLossConfig):
                 f"actor.megatron sets tensor x pipeline parallel {model_parallel} but actor.engine is "
                 f"{self.engine!r}; only engine megatron splits a model"
             )
+        if self.lora is not None and self.router_replay != "off":
+            raise ValueError(
+                f"actor.lora with actor.router_replay {self.router_replay!r}: routes are replayed on megatron-core's "
+                "MoE routers, and LoRA trains on the torch engine; set actor.router_replay: off or remove actor.lora"
+            )
         if self.router_replay != "off" and self.engine != "megatron":
             raise ValueError(
                 f"actor.router_replay {self.router_replay!r} replays megatron-core's MoE routers; "
