@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from rl_train.algorithms.actor_loss import build_actor_loss_fn
 from rl_train.engines.model.loading import load_model, load_policy
+from rl_train.engines.model.response_decoder import load_response_decoder
 from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
 from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.training.config import ActorConfig
@@ -177,10 +178,11 @@ def test_the_saved_policy_loads_merged_and_as_a_peft_adapter(tiny_model_dir: Pat
     from peft import PeftModel
 
     data = batch(tiny_model_dir)
-    trainer = engine(tiny_model_dir)
+    trainer = engine(tiny_model_dir, lora={**LORA, "merged_export": True})
     trainer.train_batch(data, build_actor_loss_fn(ActorConfig()))
     expected = trainer.compute_log_probs(data)["log_probs"]
     trainer.save_pretrained(tmp_path / "policy")
+    assert (tmp_path / "policy" / "config.json").is_file()  # the merged model, asked for
     config = (tmp_path / "policy" / "adapter" / "adapter_config.json").read_text()
     assert str(tiny_model_dir) in config  # the base it adapts
     positions = (data["attention_mask"].cumsum(-1) - 1).clamp(min=0)
@@ -246,14 +248,18 @@ def test_an_adapter_folder_loads_as_its_base_with_the_adapter_merged(tiny_model_
     trainer.train_batch(data, build_actor_loss_fn(ActorConfig()))
     trainer.save_pretrained(tmp_path / "policy")
     adapter = tmp_path / "policy" / "adapter"
+    assert not (tmp_path / "policy" / "config.json").exists()  # no merged model unless asked for
+    decoder = load_response_decoder(tmp_path / "policy")  # what evaluation reads answers with
+    assert decoder.decode(trainer.tokenizer.encode("7", add_special_tokens=False)) == "7"
+    expected = trainer.compute_log_probs(data)["log_probs"] * data["attention_mask"]
     positions = (data["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    logits = {}
-    for name, folder in (("merged", tmp_path / "policy"), ("adapter", adapter)):
+    for folder in (tmp_path / "policy", adapter):  # the run's policy/ holds the adapter alone
         model, tokenizer = load_policy(folder)
         assert tokenizer.pad_token_id == trainer.tokenizer.pad_token_id
         with torch.no_grad():
-            logits[name] = model(input_ids=data["input_ids"], position_ids=positions).logits
-    torch.testing.assert_close(logits["adapter"], logits["merged"], atol=1e-5, rtol=0)
+            logits = model(input_ids=data["input_ids"], position_ids=positions).logits
+        got = token_log_probs(logits, data["input_ids"], 1.0) * data["attention_mask"]
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     rollout = build_rollout_engine("torch", adapter, seed=0)
     tok = rollout.tokenizer
     out = rollout.generate([GenerationRequest("0", [tok.bos_token_id, *tok.encode("1+2=", add_special_tokens=False)])], SamplingParams(1.0, 1.0, 4))

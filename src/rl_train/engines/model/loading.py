@@ -45,29 +45,42 @@ def resolve_impl(path: str | Path, impl: str = "auto") -> str:
     return "transformers"
 
 
-def adapter_base(path: str | Path) -> Path | None:
-    """The base model folder a PEFT adapter folder names (a LoRA run's ``policy/adapter``), or
-    None when ``path`` is a model folder of its own."""
+def adapter_folder(path: str | Path) -> Path | None:
+    """The PEFT adapter folder ``path`` holds: ``path`` itself, or its ``adapter/`` (a LoRA run's
+    ``policy/`` without the merged model); None when ``path`` is a model folder of its own."""
     folder = Path(path)
-    if not (folder / "adapter_config.json").is_file() or (folder / "config.json").is_file():
+    if (folder / "config.json").is_file():
+        return None
+    for candidate in (folder, folder / "adapter"):
+        if (candidate / "adapter_config.json").is_file():
+            return candidate
+    return None
+
+
+def adapter_base(path: str | Path) -> Path | None:
+    """The base model folder a PEFT adapter folder names (a LoRA run's ``policy/`` or
+    ``policy/adapter``), or None when ``path`` is a model folder of its own."""
+    folder = adapter_folder(path)
+    if folder is None:
         return None
     base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not isinstance(base, str) or not (Path(base) / "config.json").is_file():
         raise ValueError(
             f"{folder} is a PEFT adapter folder whose base_model_name_or_path {base!r} is not a local "
-            "model folder; load the merged policy (the run's policy/) instead"
+            "model folder; export the merged policy (actor.lora.merged_export: true) and load that instead"
         )
     return Path(base)
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, impl: str = "auto") -> Any:
-    """The model of an HF-format folder; a PEFT adapter folder gives its base with the adapter
-    merged in (an adapter is then evaluated or served as the policy it trained)."""
-    base = adapter_base(path)
-    if base is not None:
+    """The model of an HF-format folder; a PEFT adapter folder (or a folder holding one in
+    ``adapter/``) gives its base with the adapter merged in (an adapter is then evaluated or
+    served as the policy it trained)."""
+    base, adapter = adapter_base(path), adapter_folder(path)
+    if base is not None and adapter is not None:
         from rl_train.engines.training.lora import require_peft
 
-        adapted = require_peft().PeftModel.from_pretrained(load_model(base, dtype, impl), str(path))
+        adapted = require_peft().PeftModel.from_pretrained(load_model(base, dtype, impl), str(adapter))
         return adapted.merge_and_unload()
     if resolve_impl(path, impl) == "native":
         from rl_train.engines.model.native import load_native

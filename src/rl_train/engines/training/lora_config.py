@@ -25,6 +25,8 @@ class LoraSettings(StrictModel):
     """Module names (suffixes, as PEFT matches them: q_proj, v_proj, ...) to adapt, or all-linear: every linear layer but the output head. Names that match no module of the policy are refused when the engine is built, with the policy's linear modules listed."""
     sync: Literal["adapter", "merged"] = "adapter"
     """What a weight sync sends: adapter (the adapters alone, megabytes where the model is gigabytes) to a rollout engine that serves them, else the merged full weights (with a line saying so); merged: always the merged full weights."""
+    merged_export: bool = False
+    """Also write the merged full model (an HF directory) where the policy is saved: the run's policy/ and each checkpoint's policy snapshot. The adapter alone is always written, in policy/adapter/ (policy/ then loads as its base with the adapter merged)."""
     init_from: str | None = None
     """A PEFT adapter directory (adapter_config.json + weights) to start from instead of a fresh adapter (B = 0); its rank and targets are the directory's."""
 

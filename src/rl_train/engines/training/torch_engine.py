@@ -344,11 +344,16 @@ class TorchTrainingEngine:
         return self._base_checksum
 
     def save_pretrained(self, path: Path) -> None:
-        """With LoRA: the merged policy as an HF directory, and the adapter alone in its
-        ``adapter/`` folder (a PEFT adapter directory of the base model)."""
-        if self.lora:
-            merged = lora.merged_model(self.model, self.model_path, next(self.model.parameters()).dtype)
-            save_policy(merged, self.tokenizer, self.model_path, path)
+        """With LoRA: the adapter alone in the ``adapter/`` folder (a PEFT adapter directory of
+        the base model) and, with ``actor.lora.merged_export``, the merged policy as an HF
+        directory at ``path`` (else only the tokenizer there: ``load_policy`` takes the folder
+        as the base with the adapter merged)."""
+        if self.cfg.lora is not None:
+            if self.cfg.lora.merged_export:
+                merged = lora.merged_model(self.model, self.model_path, next(self.model.parameters()).dtype)
+                save_policy(merged, self.tokenizer, self.model_path, path)
+            else:  # the tokenizer beside the adapter: what reads a policy's text finds it here
+                self.tokenizer.save_pretrained(str(path))
             lora.save_adapter(self.model, Path(path) / "adapter")
             return
         whole = None
