@@ -6,7 +6,6 @@ merged weights."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,9 @@ from rl_train.engines.weight_sync.adapters import (
     sends_adapters,
     split_adapter_name,
 )
-from rl_train.engines.weight_sync.backends import build_weight_sync_backend
-from rl_train.engines.weight_sync.base import NamedTensors, WeightReceiver, WeightSender
-from rl_train.engines.weight_sync.boundaries import run_receiver, run_sender
+from rl_train.engines.weight_sync.base import NamedTensors
 from rl_train.engines.weight_sync.config import WeightSyncConfig
+from rl_train.engines.weight_sync.local_link import LocalSyncLink
 from rl_train.storage.records import collate, scatter_response
 
 LORA = {"rank": 4, "alpha": 8.0}
@@ -70,31 +68,9 @@ def train_step(engine: TorchTrainingEngine, sampler: TorchRolloutEngine, seed: i
     engine.train_batch(data, build_actor_loss_fn(ActorConfig()))
 
 
-class Link:
-    """One backend's sender and receiver in this process (the receiver on a thread of its own
-    where the backend streams), feeding one rollout engine."""
-
-    def __init__(self, backend: str, transport: str, engine: Any) -> None:
-        cfg = WeightSyncConfig(backend=backend, transport=transport, bucket_size_bytes=4 << 10, timeout_seconds=30.0)
-        self.backend = build_weight_sync_backend(cfg)
-        self.sender: WeightSender = self.backend.build_sender()
-        self.receiver: WeightReceiver = self.backend.build_receiver(self.sender.descriptor())
-        self.engine = engine
-
-    def sync(self, export: Any, version: int) -> dict[str, float]:
-        if self.backend.handover:
-            payload, metrics = run_sender(self.sender, export, version)
-            run_receiver(self.engine, self.receiver, payload, version, 30.0)
-            return metrics
-        with ThreadPoolExecutor(1) as pool:
-            received = pool.submit(run_receiver, self.engine, self.receiver, None, version, 30.0)
-            _, metrics = run_sender(self.sender, export, version)
-            received.result()
-        return metrics
-
-    def close(self) -> None:
-        self.receiver.close()
-        self.sender.close()
+def link(backend: str, transport: str, engine: Any) -> LocalSyncLink:
+    cfg = WeightSyncConfig(backend=backend, transport=transport, bucket_size_bytes=4 << 10, timeout_seconds=30.0)
+    return LocalSyncLink(cfg, engine)
 
 
 def same_weights(a: TorchRolloutEngine, b: TorchRolloutEngine) -> list[str]:
@@ -122,11 +98,11 @@ def test_the_sync_carries_a_and_scaled_b_of_each_adapted_layer_and_nothing_else(
 def test_an_adapter_sync_ends_on_the_bits_of_a_merged_sync(tiny_model_dir: Path, backend: str, transport: str) -> None:
     engine, sampler = trainer(tiny_model_dir), rollout(tiny_model_dir)
     by_adapters, by_merge = rollout(tiny_model_dir), rollout(tiny_model_dir)
-    link = Link(backend, transport, by_adapters)
+    sync = link(backend, transport, by_adapters)
     try:
         for version in (1, 2, 3):  # the first seeds a delta; the next are deltas of the adapters
             train_step(engine, sampler, seed=version)
-            metrics = link.sync(engine.export_adapters, version)
+            metrics = sync.sync(engine.export_adapters, version)
             by_merge.update_weights(engine.export_weights(), version)
             assert same_weights(by_adapters, by_merge) == []
             assert by_adapters.version == version
@@ -134,7 +110,7 @@ def test_an_adapter_sync_ends_on_the_bits_of_a_merged_sync(tiny_model_dir: Path,
             assert 0 < metrics["weight_sync/bytes"] <= sent + 64 << 10  # framing at most
         assert by_adapters.adapters.adapted() == [split_adapter_name(n)[0] for n, _ in engine.export_adapters()][::2]  # type: ignore[index]
     finally:
-        link.close()
+        sync.close()
 
 
 def test_the_rollout_s_log_probs_after_an_adapter_sync_equal_the_trainer_s(tiny_model_dir: Path) -> None:
@@ -175,15 +151,15 @@ class WholeTensorsOnly:
 def test_a_delta_of_the_adapters_reaches_an_engine_that_loads_whole_tensors(tiny_model_dir: Path) -> None:
     engine, sampler = trainer(tiny_model_dir), rollout(tiny_model_dir)
     whole, by_merge = rollout(tiny_model_dir), rollout(tiny_model_dir)
-    link = Link("delta", "shm", WholeTensorsOnly(whole))
+    sync = link("delta", "shm", WholeTensorsOnly(whole))
     try:
         for version in (1, 2):
             train_step(engine, sampler, seed=version)
-            link.sync(engine.export_adapters, version)
+            sync.sync(engine.export_adapters, version)
             by_merge.update_weights(engine.export_weights(), version)
             assert same_weights(whole, by_merge) == []
     finally:
-        link.close()
+        sync.close()
 
 
 def test_adapters_synced_while_asleep_are_served_after_wake_up(tiny_model_dir: Path) -> None:

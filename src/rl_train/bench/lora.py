@@ -78,6 +78,8 @@ def measure_side(
     from rl_train.engines.training.config import ActorConfig
     from rl_train.engines.training.lora import require_peft
     from rl_train.engines.training.torch_engine import TorchTrainingEngine
+    from rl_train.engines.weight_sync.config import WeightSyncConfig
+    from rl_train.engines.weight_sync.local_link import LocalSyncLink
 
     torch.set_num_threads(1)
     batch = sample_batch(model_dir)
@@ -87,7 +89,7 @@ def measure_side(
     cfg = ActorConfig(lr=1e-3, lora=lora)
     engine = TorchTrainingEngine(model_dir, cfg, horizon_steps=steps, seed=0)
     served = TorchRolloutEngine(model_dir, seed=0)
-    sync = SyncLink(*link, served)
+    sync = LocalSyncLink(WeightSyncConfig(backend=link[0], transport=link[1]), served)
     export = engine.export_adapters if rank else engine.export_weights
     loss_fn = build_actor_loss_fn(cfg)
     step_times, sync_times, sync_bytes = [], [], 0.0
@@ -111,39 +113,6 @@ def measure_side(
         "step_s": median(step_times),
     }
     return {**figures, **(generation_times(served, repeats) if rank else {})}
-
-
-class SyncLink:
-    """A weight-sync backend's two ends in one process, feeding one rollout engine (the
-    receiver on a thread of its own where the backend streams)."""
-
-    def __init__(self, backend: str, transport: str, engine: Any) -> None:
-        from rl_train.engines.weight_sync.backends import build_weight_sync_backend
-        from rl_train.engines.weight_sync.config import WeightSyncConfig
-
-        self.backend = build_weight_sync_backend(WeightSyncConfig(backend=backend, transport=transport))
-        self.sender = self.backend.build_sender()
-        self.receiver = self.backend.build_receiver(self.sender.descriptor())
-        self.engine = engine
-
-    def sync(self, export: Any, version: int) -> dict[str, float]:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from rl_train.engines.weight_sync.boundaries import run_receiver, run_sender
-
-        if self.backend.handover:
-            payload, metrics = run_sender(self.sender, export, version)
-            run_receiver(self.engine, self.receiver, payload, version, 60.0)
-            return metrics
-        with ThreadPoolExecutor(1) as pool:
-            received = pool.submit(run_receiver, self.engine, self.receiver, None, version, 60.0)
-            _, metrics = run_sender(self.sender, export, version)
-            received.result()
-        return metrics
-
-    def close(self) -> None:
-        self.receiver.close()
-        self.sender.close()
 
 
 def generation_times(served: Any, repeats: int = 3) -> dict[str, float]:

@@ -28,6 +28,7 @@ from rl_train.bench.time_to_reward import (
     TARGET,
     WINDOW,
     Curve,
+    cell,
     prepare,
     rl_train_optimizer_steps,
     timed_run,
@@ -72,9 +73,6 @@ def summary(curve: Curve) -> dict[str, Any]:
 
 
 def format_report(curves: list[Curve]) -> str:
-    def cell(value: Any, spec: str = ".1f") -> str:
-        return "-" if value is None else format(value, spec)
-
     lines = [
         f"steps and seconds (from process start) to a {WINDOW}-step mean training reward of {TARGET}",
         "| side | seed | steps run | steps to 0.9 | s to 0.9 | best 10-step mean | s per step | total s |",

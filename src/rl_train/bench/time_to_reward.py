@@ -169,10 +169,12 @@ def seed_ratio(baseline: Curve, rl_train: Curve) -> tuple[str, float | None]:
     return "-", None
 
 
-def format_report(pairs: list[tuple[Curve, Curve]]) -> str:
-    def cell(value: Any, spec: str = ".1f") -> str:
-        return "-" if value is None else format(value, spec)
+def cell(value: Any, spec: str = ".1f") -> str:
+    """A table cell: ``value`` formatted, or ``-`` where there is none."""
+    return "-" if value is None else format(value, spec)
 
+
+def format_report(pairs: list[tuple[Curve, Curve]]) -> str:
     lines = [
         f"time to a {WINDOW}-step mean training reward of {TARGET}, seconds from process start",
         "| side | seed | first step s | s to 0.9 | steps to 0.9 | optimizer steps to 0.9 | plateau | lowest mean after | total s |",
