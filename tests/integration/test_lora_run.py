@@ -108,3 +108,20 @@ def test_a_lora_run_resumes_bitwise_and_its_adapter_loads_with_peft(
     adapter = Path(straight["run_dir"], "policy", "adapter")
     got = _val_reward_of_adapter(stopped, small_run_config["model"]["path"], adapter)
     assert got == pytest.approx(reported, abs=1e-12)
+    assert not Path(straight["run_dir"], "policy", "config.json").exists()  # no merged model unless asked for
+
+
+def test_rl_eval_scores_a_lora_checkpoint_as_peft_scores_its_adapter(
+    small_run_config: dict[str, Any], ray_local, tmp_path: Path
+) -> None:
+    """The checkpoint's policy/ holds the adapter alone; ``rl-train eval`` serves it as the base
+    with the adapter merged and scores what plain peft's greedy answers score."""
+    from rl_train.flows.evaluate import evaluate_run
+
+    config = _config(small_run_config, "lora-eval", total_steps=2, val_every_steps=0)
+    run_dir = run_training(config)["run_dir"]
+    outcome = evaluate_run(run_dir, step=2)
+    scored = outcome.summary()
+    policy = CheckpointStore(f"{run_dir}/checkpoints").download_dir(2, "policy", tmp_path / "policy")
+    expected = _val_reward_of_adapter(config, small_run_config["model"]["path"], policy / "adapter")
+    assert scored["reward_mean"]["val"] == pytest.approx(expected, abs=1e-12)
