@@ -40,10 +40,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import uvicorn
+from cpu_lora import LoraServing, add_lora_endpoints  # beside this script
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from safetensors.torch import load_file
-from cpu_lora import LoraServing, add_lora_endpoints  # beside this script
 from sglang_schemas import SchemaError, check_request, check_response, io_struct
 
 from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams

@@ -39,17 +39,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import socket
 import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 
@@ -63,10 +59,10 @@ from rl_train.engines.rollout.sglang.client import RolloutServerError, SglangCli
 from rl_train.engines.rollout.sglang.config import SglangConfig
 from rl_train.engines.rollout.sglang.launch import LaunchedServer
 from rl_train.engines.rollout.sglang.lora import ServedAdapter, is_adapter_sync
+from rl_train.engines.rollout.sglang.weight_group import GROUP_NAME, broadcast_weights, open_group
 from rl_train.engines.weight_sync.base import NamedTensors
 
 STOP_REASONS = {"stop": "eos", "length": "length", "abort": "aborted"}
-GROUP_NAME = "rl_train_weights"
 POLICY_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                      "special_tokens_map.json", "vocab.json", "merges.txt")  # fmt: skip
 """What a staged weight folder carries besides the weights, so that it loads as a model."""
@@ -376,63 +372,10 @@ class SglangRolloutEngine:
             if old not in keep:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def _open_group(self) -> Any:
-        """A two-party group with the server: this replica is rank 0, the server's ranks follow."""
-        import torch.distributed as dist
-
-        info = self.client.call("/get_server_info", method="GET") or {}
-        server_ranks = int(info.get("tp_size", 1)) if isinstance(info, dict) else 1
-        host = self.cfg.group_address or (urlparse(self.client.url).hostname if self.cfg.url else "127.0.0.1")
-        if not host:
-            raise RolloutServerError(
-                f"rollout.sglang.url {self.client.url!r} names no host for the weight group; "
-                "set rollout.sglang.group_address"
-            )
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = int(sock.getsockname()[1])
-        world = 1 + server_ranks
-        store = dist.TCPStore(host, port, world, is_master=True, wait_for_workers=False)
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "gloo" and host in ("127.0.0.1", "localhost"):
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo picks the loopback device too
-        body = {
-            "master_address": host,
-            "master_port": port,
-            "rank_offset": 1,
-            "world_size": world,
-            "group_name": GROUP_NAME,
-            "backend": backend,
-        }
-        with ThreadPoolExecutor(1, "sglang-weights") as pool:  # the server answers once it has joined
-            joined = pool.submit(self.client.call, "/init_weights_update_group", body)
-            # the bindings default the timeout and the options, which torch's stubs leave out
-            group = (
-                dist.ProcessGroupGloo(store, 0, world)  # type: ignore[call-arg]
-                if backend == "gloo"
-                else dist.ProcessGroupNCCL(store, 0, world)  # type: ignore[call-arg]
-            )
-            joined.result()
-        self._store = store  # the group's rendezvous lives as long as the group
-        return group
-
     def _update_distributed(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         if self._group is None:
-            self._group = self._open_group()
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        body = {
-            "names": [name for name, _ in tensors],
-            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in tensors],
-            "shapes": [list(t.shape) for _, t in tensors],
-            "group_name": GROUP_NAME,
-            "flush_cache": True,
-            "weight_version": str(version),
-        }
-        with ThreadPoolExecutor(1, "sglang-weights") as pool:  # the server answers once it has received
-            loaded = pool.submit(self.client.call, "/update_weights_from_distributed", body)
-            for _, tensor in tensors:
-                self._group.broadcast(tensor.detach().to(device).contiguous(), 0).wait()
-            loaded.result()
+            self._group, self._store = open_group(self.client, self.cfg)
+        broadcast_weights(self.client, self._group, tensors, version)
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The served weights, HF-named, whole, in the policy's stored dtypes (an adapter served

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from rl_train.engines.rollout.sglang.client import RolloutServerError, SglangClient
-from rl_train.engines.rollout.sglang.config import ALL, SglangLoraConfig
+from rl_train.engines.rollout.sglang.config import SglangLoraConfig
 from rl_train.engines.weight_sync.adapters import PARTS, PEFT_PREFIX, WEIGHT, merged, split_adapter_name
 
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -120,7 +120,7 @@ class ServedAdapter:
                 "(the server's --max-lora-rank): raise it to the adapters' rank (actor.lora.init_from's rank counts)"
             )
         served = self.settings.target_modules
-        missing = [name for name in targets if served not in (None, ALL) and name not in served]  # type: ignore[operator]
+        missing = [name for name in targets if isinstance(served, list) and name not in served]
         if missing:
             raise ValueError(
                 f"the adapters adapt {missing}, not in rollout.sglang.lora.target_modules {served!r} "
