@@ -61,7 +61,7 @@ class SglangConfig(StrictModel):
     group_address: str | None = None
     """This host's address as the server sees it, for weight_update=distributed (None: the URL's host when attaching, else 127.0.0.1)."""
     lora: SglangLoraConfig | None = None
-    """The server's LoRA, for adapters synced alone: filled from actor.lora when it sends them (actor.lora.sync: adapter); a launched server starts with it, a server attached to by url must have been launched with the same (--enable-lora, --max-lora-rank, --lora-target-modules). None: no LoRA."""
+    """The server's LoRA, for adapters synced alone: {max_rank: --max-lora-rank, default actor.lora.rank; target_modules: --lora-target-modules, default actor.lora.target_modules, all for all-linear}, filled from actor.lora when it sends adapters (actor.lora.sync: adapter). A launched server starts with --enable-lora and these; a server attached to by url must have been launched so. None: no LoRA."""
 
 
 def _stacking_problem(targets: list[str]) -> str | None:
