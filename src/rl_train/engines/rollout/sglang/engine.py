@@ -313,7 +313,9 @@ class SglangRolloutEngine:
             self._update_adapter(items, version)
         elif self.cfg.weight_update == "distributed" and not self._asleep:
             self._update_distributed(items, version)
+            self._served = None  # the weights on disk are no longer those served
             self.adapter.drop()
+            self._prune()
         else:
             folder = self._stage(items, version)
             if self._asleep:

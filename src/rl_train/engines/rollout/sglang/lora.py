@@ -19,8 +19,8 @@ Nothing changes when the server refuses: the kept adapter and the served name st
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -31,6 +31,8 @@ import torch
 from rl_train.engines.rollout.sglang.client import RolloutServerError, SglangClient
 from rl_train.engines.rollout.sglang.config import SglangLoraConfig
 from rl_train.engines.weight_sync.adapters import PARTS, PEFT_PREFIX, WEIGHT, merged, split_adapter_name
+
+logger = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
@@ -140,20 +142,27 @@ class ServedAdapter:
                 "rank and their layers in --lora-target-modules: rollout.sglang.lora)"
             ) from None
         previous, self.name, self.folder, self.held = self.name, name, folder, adapter
-        if previous is not None:
-            self.client.call("/unload_lora_adapter", {"lora_name": previous})
+        self._unload(previous)
 
     def drop(self) -> None:
         """Serve the base model again (full weights replaced the adapted layers): the adapter is
         unloaded and forgotten, so a later sync starts a whole new one."""
         previous, self.name, self.folder, self.held, self.staged = self.name, None, None, {}, None
-        if previous is not None:
-            self.client.call("/unload_lora_adapter", {"lora_name": previous})
+        self._unload(previous)
+
+    def _unload(self, name: str | None) -> None:
+        """Unload an adapter no request names any more. A refusal is logged, not raised: what
+        is served is already right, and the old adapter only holds server memory."""
+        if name is None:
+            return
+        try:
+            self.client.call("/unload_lora_adapter", {"lora_name": name})
+        except RolloutServerError as error:
+            logger.warning("the LoRA adapter %s stays loaded on the server: %s", name, error)
 
     def close(self) -> None:
         """Unload the served adapter (a server attached to outlives this replica)."""
-        with contextlib.suppress(RolloutServerError):
-            self.drop()
+        self.drop()
 
     def merged_into(self, weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """The server's base weights with the served adapter merged in (W0 + B A): the weights
