@@ -139,6 +139,8 @@ def add_lora_endpoints(
 
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> Any:
+        if (response := await fault("/unload_lora_adapter")) is not None:
+            return response
         name = (await request.json())["lora_name"]
         if name not in lora.loaded:
             return JSONResponse(_answer(False, f"LoRA adapter {name} is not loaded", loaded_paths()), 400)

@@ -22,7 +22,7 @@ unnoticed. ``GET /test/state`` counts the requests checked per endpoint.
 ``{"mode": "malformed"}`` (``/generate`` answers a body of the wrong shape), ``{"mode":
 "error"}`` (HTTP 500 with a message), ``{"mode": "slow", "seconds": S}`` (answers after S
 seconds), ``{"mode": "none"}``, on ``/generate`` or on the ``"endpoint"`` named
-(``/update_weights_from_disk``, ``/load_lora_adapter``); with ``"skip": K`` the first K calls pass, with ``"times": T``
+(``/update_weights_from_disk``, ``/load_lora_adapter``, ``/unload_lora_adapter``); with ``"skip": K`` the first K calls pass, with ``"times": T``
 only T calls fault.
 """
 

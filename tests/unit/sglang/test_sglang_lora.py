@@ -221,6 +221,46 @@ def test_a_refused_adapter_changes_nothing(
     assert (engine.version, engine.adapter.name, staged(engine)) == (1, served, [served])
 
 
+def test_an_adapter_the_server_keeps_is_logged_and_the_sync_stands(
+    engine: SglangRolloutEngine, trainer: TorchTrainingEngine, sglang_server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sent = adapters(trainer)
+    engine.update_weights(iter(sent.items()), version=1)
+    first = engine.adapter.name
+    httpx.post(
+        f"{sglang_server}/test/fault", json={"mode": "error", "times": 1, "endpoint": "/unload_lora_adapter"}, timeout=10
+    ).raise_for_status()
+    with caplog.at_level("WARNING"):
+        engine.update_weights(iter(sent.items()), version=2)
+    assert f"the LoRA adapter {first} stays loaded on the server" in caplog.text
+    assert engine.version == 2 and sorted(server_lora(engine)["loaded"]) == sorted([first, engine.adapter.name])
+    assert staged(engine) == [engine.adapter.name]
+    results = generate(engine)
+    assert server_lora(engine)["requests"][engine.adapter.name] == 1
+    assert_trainer_agrees(trainer, results)
+
+
+def test_adapters_go_through_the_staging_folder_whichever_weight_update(
+    tiny_model_dir: Path, sglang_options: dict[str, Any], trainer: TorchTrainingEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """weight_update=distributed broadcasts full weights; adapters (megabytes) still load from a
+    folder, and a broadcast full update replaces them."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    built = build_rollout_engine("sglang", tiny_model_dir, options={**sglang_options, "weight_update": "distributed"})
+    assert isinstance(built, SglangRolloutEngine)
+    try:
+        base = dict(built.export_weights())
+        built.update_weights(iter(adapters(trainer).items()), version=1)
+        assert server_lora(built)["loaded"] == [built.adapter.name] and built._group is None
+        assert_trainer_agrees(trainer, generate(built))
+        built.update_weights(iter(base.items()), version=2)
+        assert built._group is not None and built.adapter.name is None and server_lora(built)["loaded"] == []
+        assert staged(built) == []
+        assert all(torch.equal(tensor, base[name]) for name, tensor in built.export_weights())
+    finally:
+        built.close()
+
+
 def test_close_unloads_the_adapter_and_leaves_no_folder(
     tiny_model_dir: Path, sglang_options: dict[str, Any], tmp_path: Path, trainer: TorchTrainingEngine
 ) -> None:
