@@ -3,7 +3,7 @@ built-in engine behind sglang's endpoints), one per session, in its own process.
 
 ``sglang_server`` starts it and stops it (and its port) at the end. ``sglang_options`` is what
 a test passes as ``rollout.sglang`` to attach to it, after putting the server back as it
-started: no fault, awake, the policy's own weights at version 0.
+started: no fault, awake, the policy's own weights at version 0, no LoRA adapter loaded.
 """
 
 from __future__ import annotations
@@ -57,4 +57,6 @@ def sglang_options(sglang_server: str, tiny_model_dir: Path) -> dict[str, Any]:
         http.post(
             "/update_weights_from_disk", json={"model_path": str(tiny_model_dir), "weight_version": "0"}
         ).raise_for_status()
+        for name in http.get("/test/state").json()["lora"]["loaded"]:  # a failed test's leftovers
+            http.post("/unload_lora_adapter", json={"lora_name": name}).raise_for_status()
     return {"url": sglang_server, "request_timeout_s": 60.0, "connect_timeout_s": 5.0}

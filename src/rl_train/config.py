@@ -19,11 +19,12 @@ from rl_train.algorithms.config import AlgorithmConfig, StrictModel
 from rl_train.engines.agent.config import AgentConfig
 from rl_train.engines.reward.config import RewardConfig
 from rl_train.engines.rollout.registry import RolloutEngineName
-from rl_train.engines.rollout.sglang.config import SglangConfig
+from rl_train.engines.rollout.sglang.config import SglangConfig, resolve_lora
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
 from rl_train.engines.sandbox import SandboxConfig
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.critic_config import CriticConfig, check_critic_enable
+from rl_train.engines.weight_sync.adapters import sends_adapters
 from rl_train.engines.weight_sync.config import WeightSyncConfig
 from rl_train.modes import MODES
 from rl_train.storage.checkpoint_config import CheckpointConfig
@@ -246,6 +247,23 @@ class Config(StrictModel):
             raise ValueError(
                 f"critic.ppo_mini_batch_size ({mini}) must divide the groups of one local update "
                 f"(trainer.train_batch_size / trainer.parameter_sync_step = {groups})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _resolve_sglang_lora(self) -> Config:
+        """``rollout.sglang.lora`` as the server must be launched: filled from ``actor.lora`` when
+        adapters are synced alone to sglang (the resolved config states it), refused where the
+        server could not load them."""
+        lora, sglang = self.actor.lora, self.rollout.sglang
+        if lora is not None and self.rollout.engine == "sglang" and sends_adapters(lora, self.rollout.engine):
+            resolved = resolve_lora(sglang.lora, lora.rank, lora.target_modules)
+            if resolved != sglang.lora:
+                sglang.lora = resolved
+        elif sglang.lora is not None and (sglang.lora.max_rank is None or sglang.lora.target_modules is None):
+            raise ValueError(
+                f"rollout.sglang.lora: got {sglang.lora.model_dump()}: actor.lora does not sync adapters to sglang, "
+                "so nothing fills max_rank and target_modules; set both, or remove rollout.sglang.lora"
             )
         return self
 

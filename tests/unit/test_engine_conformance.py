@@ -448,3 +448,35 @@ def test_export_round_trip_is_bit_exact(tiny_model_dir, training: str, rollout: 
         for name, tensor in exported.items():
             assert loaded[name].dtype == tensor.dtype
             assert torch.equal(loaded[name].cpu(), tensor.cpu()), name
+
+
+# -- LoRA adapters synced alone -----------------------------------------------------------
+LORA_ROLLOUT = [name for name in ROLLOUT if ROLLOUT_ENGINES[name].loads_lora_adapters]
+
+
+@pytest.mark.parametrize("rollout", LORA_ROLLOUT)
+def test_an_engine_that_loads_adapters_serves_the_lora_policy(tiny_model_dir, rollout: str) -> None:
+    """An engine whose entry says ``loads_lora_adapters``, sent a LoRA trainer's adapters alone
+    (awake, then asleep), scores its samples as the trainer does (tolerance as in the log-prob
+    test above) and exports the merged weights the trainer would have sent, bit for bit."""
+    engine = rollout_engine(rollout, tiny_model_dir)
+    trainer = training_engine("torch", tiny_model_dir, ActorConfig(lr=1e-2, lora={"rank": 4, "alpha": 8.0}))
+    loss_fn = build_actor_loss_fn(ActorConfig())
+    params = SamplingParams(1.0, 1.0, 5, ignore_eos=True)
+    for version, asleep in ((1, False), (2, True)):
+        trainer.train_batch(train_batch(engine.generate(requests(engine, 8), params), 0), loss_fn)
+        sent = list(trainer.export_adapters())
+        assert sent and all(".lora_A." in name or ".lora_B." in name for name, _ in sent)
+        if asleep:
+            engine.sleep()
+        engine.update_weights(iter(sent), version=version)
+        if asleep:
+            engine.wake_up()
+        results = engine.generate(requests(engine, 8), params)
+        scored = [{"prompt_ids": r.prompt_ids, "response_ids": r.response_ids} for r in results]
+        again = scatter_response(trainer.compute_log_probs(collate(scored, 0))["log_probs"], scored)
+        for result, values in zip(results, again, strict=True):
+            assert result.token_versions == [version] * len(result.response_ids)
+            torch.testing.assert_close(torch.tensor(result.log_probs), torch.tensor(values), atol=1e-5, rtol=0)
+        merged = dict(trainer.export_weights())
+        assert all(torch.equal(tensor.cpu(), merged[name].cpu()) for name, tensor in engine.export_weights())

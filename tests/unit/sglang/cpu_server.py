@@ -5,8 +5,9 @@ It answers what the backend asks of a real sglang server (``/health``, ``/get_se
 ``/generate`` with ``return_logprob``, ``/abort_request``, ``/flush_cache``,
 ``/release_memory_occupation``, ``/resume_memory_occupation``, ``/update_weights_from_disk``,
 ``/init_weights_update_group``, ``/update_weights_from_distributed``,
-``/destroy_weights_update_group``, ``/get_weights_by_name``, ``/get_load``) in sglang's request and response
-shapes. Where the built-in engine differs: a batch is sampled from one stream seeded by its
+``/destroy_weights_update_group``, ``/get_weights_by_name``, ``/get_load``, and LoRA's
+``/load_lora_adapter``, ``/unload_lora_adapter`` and ``lora_path``: ``cpu_lora.py``) in sglang's
+request and response shapes. Where the built-in engine differs: a batch is sampled from one stream seeded by its
 first request's ``sampling_seed``, requests with different sampling parameters are run as
 separate batches, and the weight group is gloo.
 
@@ -21,7 +22,7 @@ unnoticed. ``GET /test/state`` counts the requests checked per endpoint.
 ``{"mode": "malformed"}`` (``/generate`` answers a body of the wrong shape), ``{"mode":
 "error"}`` (HTTP 500 with a message), ``{"mode": "slow", "seconds": S}`` (answers after S
 seconds), ``{"mode": "none"}``, on ``/generate`` or on the ``"endpoint"`` named
-(``/update_weights_from_disk``); with ``"skip": K`` the first K calls pass, with ``"times": T``
+(``/update_weights_from_disk``, ``/load_lora_adapter``, ``/unload_lora_adapter``); with ``"skip": K`` the first K calls pass, with ``"times": T``
 only T calls fault.
 """
 
@@ -39,10 +40,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import uvicorn
+from cpu_lora import LoraServing, add_lora_endpoints  # beside this script
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from safetensors.torch import load_file
-from sglang_schemas import SchemaError, check_request, check_response, io_struct  # beside this script
+from sglang_schemas import SchemaError, check_request, check_response, io_struct
 
 from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
 from rl_train.engines.rollout.torch_engine import TorchRolloutEngine
@@ -87,6 +89,9 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
             return JSONResponse({"object": "error", "message": "injected server error", "code": 500}, 500)
         return None
 
+    lora = LoraServing(engine, lock)
+    add_lora_endpoints(app, lora, asyncio.to_thread, lambda endpoint: faulted(fault_now(endpoint)))
+
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
@@ -105,7 +110,7 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
 
     @app.get("/test/state")
     async def test_state() -> dict[str, Any]:
-        return {"fault": state["fault"], "calls": state["calls"], "checked": state["checked"]}
+        return {"fault": state["fault"], "calls": state["calls"], "checked": state["checked"], "lora": lora.state()}
 
     @app.post("/test/fault")
     async def set_fault(request: Request) -> dict[str, Any]:
@@ -114,13 +119,16 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
         state["calls"] = {}
         return state["fault"]
 
-    def run_batch(ids: list[list[int]], rids: list[str], params: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def run_batch(
+        ids: list[list[int]], rids: list[str], params: list[dict[str, Any]], adapters: list[str | None]
+    ) -> list[dict[str, Any]]:
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, p in enumerate(params):
             key = (p.get("temperature", 1.0), p.get("top_p", 1.0), p.get("max_new_tokens", 128), p.get("ignore_eos", False))
-            groups.setdefault(key, []).append(i)
+            groups.setdefault((*key, adapters[i]), []).append(i)
         out: list[dict[str, Any]] = [{} for _ in ids]
-        for (temperature, top_p, max_new, ignore_eos), rows in groups.items():
+        for (temperature, top_p, max_new, ignore_eos, adapter), rows in groups.items():
+            lora.apply(adapter)
             sampling = SamplingParams(temperature, top_p, int(max_new), params[rows[0]].get("sampling_seed"), ignore_eos)
             results = engine.generate([GenerationRequest(rids[i], ids[i]) for i in rows], sampling)
             for i, result in zip(rows, results, strict=True):
@@ -152,9 +160,12 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
         params = params if isinstance(params, list) else [params] * len(ids)
         rids = body.get("rid") or [str(i) for i in range(len(ids))]
         rids = [rids] if isinstance(rids, str) else rids
+        adapters = body.get("lora_path")
+        adapters = adapters if isinstance(adapters, list) else [adapters] * len(ids)
         try:
-            out = await asyncio.to_thread(run_batch, ids, rids, params)
-        except RuntimeError as error:  # asleep, or the KV cache released
+            lora.resolve(adapters)
+            out = await asyncio.to_thread(run_batch, ids, rids, params, adapters)
+        except (RuntimeError, ValueError) as error:  # asleep, the KV cache released, an unknown adapter
             return JSONResponse({"object": "error", "message": str(error), "code": 400}, 400)
         if mode == "malformed":
             return [{"text": "no meta_info here"} for _ in out]
@@ -189,6 +200,7 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
         with lock:
             engine.update_weights(tensors.items(), version=int(body.get("weight_version") or engine.version))
             state["weight_version"] = str(engine.version)
+            lora.base_replaced()
 
     @app.post("/update_weights_from_disk")
     async def update_from_disk(request: Request) -> Any:
@@ -221,6 +233,7 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
         with lock:
             engine.update_weights(tensors, version=int(body.get("weight_version") or engine.version))
             state["weight_version"] = str(engine.version)
+            lora.base_replaced()
 
     @app.post("/update_weights_from_distributed")
     async def update_distributed(request: Request) -> Any:
@@ -238,6 +251,7 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
     async def weights_by_name(request: Request) -> Any:
         body = await request.json()
+        await asyncio.to_thread(lora.apply, None)  # sglang holds the base weights, its adapters apart
         weights = dict(engine.export_weights())
         if body["name"] not in weights:
             return JSONResponse({"object": "error", "message": f"no parameter {body['name']}", "code": 400}, 400)

@@ -8,8 +8,9 @@ The types are the dataclasses sglang's HTTP server takes each body as
 (``sglang/srt/managers/io_struct.py``: ``GenerateReqInput``, ``UpdateWeightFromDiskReqInput``,
 ...) and builds each weight endpoint's answer from (``...ReqOutput``). That module imports five
 names from sglang's serving runtime, whose modules import triton, torchvision and the CUDA
-kernels; none of the five is used by the types checked here (they annotate the multimodal and
-LoRA fields and the scheduler's outputs). So ``io_struct.py`` and ``sampling_params.py`` (which
+kernels; none of the five is used by the types checked here (they annotate the multimodal
+fields and the scheduler's outputs), but for ``LoRARef``, which types the adapters a LoRA
+endpoint's answer lists: those entries are taken as they are. So ``io_struct.py`` and ``sampling_params.py`` (which
 imports only the standard library) are run from the installed package as they are, with
 stand-ins for those five names, the stand-ins removed from ``sys.modules`` afterwards. The
 stand-in for ``has_valid_data`` refuses any multimodal data (the backend never sends it).
@@ -139,6 +140,8 @@ ENDPOINTS = {
         "DestroyWeightsUpdateGroupReqInput", "DestroyWeightsUpdateGroupReqOutput"
     ),
     "/get_weights_by_name": Endpoint("GetWeightsByNameReqInput", "GetWeightsByNameReqOutput"),
+    "/load_lora_adapter": Endpoint("LoadLoRAAdapterReqInput", "LoadLoRAAdapterReqOutput"),
+    "/unload_lora_adapter": Endpoint("UnloadLoRAAdapterReqInput", "UnloadLoRAAdapterReqOutput"),
 }
 """Every sglang endpoint the backend calls, with its types in sglang 0.5.9's HTTP server
 (``sglang/srt/entrypoints/http_server.py``)."""

@@ -1,8 +1,8 @@
 """The sglang backend against a real sglang server on a GPU (``gpu``-marked; run by
 ``scripts/gpu_check.sh``): launched by the backend itself from the built-in policy, then the
 contract that the CPU test server stands in for everywhere else: log-probs that the training
-engine reproduces, abort, sleep and wake, weights from disk and over an NCCL group, and a
-stop that leaves no process behind."""
+engine reproduces, abort, sleep and wake, weights from disk and over an NCCL group, LoRA
+adapters synced alone through sglang's own LoRA serving, and a stop that leaves no process behind."""
 
 from __future__ import annotations
 
@@ -89,3 +89,58 @@ def test_a_launched_sglang_server_honours_the_rollout_contract(tiny_model_dir: P
     finally:
         engine.close()  # type: ignore[attr-defined]
     assert server.process.poll() is not None  # the server and its children are gone
+
+
+def test_a_launched_sglang_server_serves_lora_adapters_synced_alone(tiny_model_dir: Path) -> None:
+    """The server launched with sglang's LoRA (``rollout.sglang.lora``); an adapter-only sync is
+    loaded by name and every generate names it: the log-probs served are the LoRA trainer's.
+    Asleep, the next adapter waits for the wake-up."""
+    engine = build_rollout_engine(
+        "sglang",
+        tiny_model_dir,
+        seed=0,
+        options={"launch_args": LAUNCH, "lora": {"max_rank": 8, "target_modules": "all"}},
+    )
+    server = engine._server  # type: ignore[attr-defined]
+    try:
+        trainer = build_training_engine(
+            "torch", tiny_model_dir, ActorConfig(lr=1e-2, lora={"rank": 4, "alpha": 8.0}), 10, 1.0, seed=0
+        )
+        params = SamplingParams(1.0, 1.0, 6)
+        for version in (1, 2):
+            results = engine.generate(_requests(engine.tokenizer, 16), params)
+            records = [
+                {
+                    "prompt_ids": r.prompt_ids,
+                    "response_ids": r.response_ids,
+                    "old_log_probs": r.log_probs,
+                    "advantages": [1.0 if i % 2 else -1.0] * len(r.response_ids),
+                }
+                for i, r in enumerate(results)
+            ]
+            trainer.train_batch(
+                collate(records, int(trainer.tokenizer.pad_token_id), ["old_log_probs", "advantages"]),
+                build_actor_loss_fn(ActorConfig()),
+            )
+            sent = list(trainer.export_adapters())  # type: ignore[attr-defined]
+            assert sent and all(".lora_A." in name or ".lora_B." in name for name, _ in sent)
+            if version == 2:
+                engine.sleep()
+            engine.update_weights(iter(sent), version=version)
+            if version == 2:
+                engine.wake_up()
+            assert engine.adapter.name is not None  # type: ignore[attr-defined]
+            again = engine.generate(_requests(engine.tokenizer, 16), params)
+            served = [{"prompt_ids": r.prompt_ids, "response_ids": r.response_ids} for r in again]
+            recomputed = scatter_response(
+                trainer.compute_log_probs(collate(served, int(trainer.tokenizer.pad_token_id)))["log_probs"], served
+            )
+            for result, log_probs in zip(again, recomputed, strict=True):
+                assert result.token_versions == [version] * len(result.log_probs)
+                torch.testing.assert_close(torch.tensor(log_probs), torch.tensor(result.log_probs), atol=2e-3, rtol=0)
+        staging = engine._staging_root  # type: ignore[attr-defined]
+        assert [p.name for p in staging.glob("v*")] == [engine.adapter.name]  # type: ignore[attr-defined]
+    finally:
+        engine.close()  # type: ignore[attr-defined]
+    assert server.process.poll() is not None
+    assert not staging.exists()

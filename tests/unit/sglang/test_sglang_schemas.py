@@ -13,10 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from rl_train.engines.rollout.protocol import GenerationRequest, SamplingParams
 from rl_train.engines.rollout.registry import build_rollout_engine
 from rl_train.engines.rollout.sglang.engine import SglangRolloutEngine
+from rl_train.engines.weight_sync.adapters import adapter_names
 
 sys.path.insert(0, str(Path(__file__).parent))
 import sglang_schemas  # noqa: E402
@@ -105,7 +107,23 @@ def test_every_endpoint_the_backend_calls_was_checked(
             engine.sleep()
             engine.update_weights(weights.items(), 2)
             engine.wake_up()
+            adapter = small_adapter(weights)
+            engine.update_weights(adapter.items(), 3)  # loaded by name
+            engine.generate([GenerationRequest("p/2", prompt)], SamplingParams(1.0, 0.9, 3))  # naming it
+            engine.update_weights(adapter.items(), 4)  # the last one unloaded
         finally:
             engine.close()
     checked = httpx.get(f"{sglang_server}/test/state", timeout=10).json()["checked"]
     assert sorted(checked) == sorted(sglang_schemas.ENDPOINTS)
+
+
+def small_adapter(weights: dict[str, torch.Tensor], rank: int = 2) -> dict[str, torch.Tensor]:
+    """A and scaled B of rank ``rank`` for every q_proj and v_proj weight (the sync's names)."""
+    generator = torch.Generator().manual_seed(0)
+    adapter = {}
+    for name, weight in weights.items():
+        if name.endswith(("q_proj.weight", "v_proj.weight")):
+            a_name, b_name = adapter_names(name)
+            adapter[a_name] = torch.randn(rank, weight.shape[1], generator=generator) * 0.1
+            adapter[b_name] = torch.randn(weight.shape[0], rank, generator=generator) * 0.1
+    return adapter

@@ -71,7 +71,8 @@ ROLLOUT_ENGINES: Registry[RolloutEngineEntry] = Registry(
             _build_sglang,
             "an sglang server, launched per replica (the `sglang` extra, a GPU) or attached to by "
             "`rollout.sglang.url`, driven over its HTTP API only; weights reach it from disk or over a "
-            "`torch.distributed` group.",
+            "`torch.distributed` group, LoRA adapters synced alone through its own LoRA serving.",
+            loads_lora_adapters=True,
         ),
     },
 )

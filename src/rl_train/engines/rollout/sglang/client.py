@@ -10,8 +10,9 @@ Endpoints (sglang 0.5): ``/health``, ``/generate`` (token ids in; per output tok
 log-prob and id out, ``meta_info.output_token_logprobs``), ``/abort_request``,
 ``/flush_cache``, ``/release_memory_occupation`` and ``/resume_memory_occupation`` (by tag:
 ``kv_cache``, ``weights``), ``/update_weights_from_disk``, ``/init_weights_update_group``,
-``/update_weights_from_distributed``, ``/destroy_weights_update_group`` and
-``/get_weights_by_name``.
+``/update_weights_from_distributed``, ``/destroy_weights_update_group``,
+``/get_weights_by_name``, and LoRA's ``/load_lora_adapter`` and ``/unload_lora_adapter`` (which
+answer a refusal as ``{"success": false, "error_message": ...}``).
 """
 
 from __future__ import annotations
@@ -66,13 +67,14 @@ class SglangClient:
 
 
 def _message(response: httpx.Response) -> str:
-    """The server's own error message: sglang answers ``{"message": ...}`` or ``{"detail": ...}``."""
+    """The server's own error message: sglang answers ``{"message": ...}``, ``{"detail": ...}``
+    or (its LoRA endpoints) ``{"error_message": ...}``."""
     try:
         body = response.json()
     except json.JSONDecodeError:
         return response.text[:500]
     if isinstance(body, dict):
-        for key in ("message", "detail", "error"):
+        for key in ("message", "error_message", "detail", "error"):
             if key in body:
                 return str(body[key])
     return str(body)[:500]

@@ -17,29 +17,35 @@
   and each update broadcasts the tensors over it while ``/update_weights_from_distributed``
   tells the server their names, dtypes and shapes. Either way the server flushes its prefix
   cache and records the version; an update while asleep is applied at ``wake_up``.
+- **LoRA adapters synced alone** (``actor.lora``; ``lora.py``). They are written as a PEFT
+  adapter folder in the staging folder (whichever ``weight_update``: they are megabytes),
+  loaded by sglang's own LoRA (``/load_lora_adapter``) under a new name per version, the
+  previous one unloaded, and every ``/generate`` then names it (``lora_path``). The server is
+  launched with ``--enable-lora``, ``--max-lora-rank`` and ``--lora-target-modules`` from
+  ``rollout.sglang.lora``, which a run fills from ``actor.lora``. A partial sync (``delta``)
+  completes the adapter last synced; while asleep the folder is staged and loaded at
+  ``wake_up``; full weights replace the adapter (it is unloaded, as the built-in engine's
+  layers forget theirs). A sync mixing adapters and full weights is refused.
 - **Failures.** Every server error is a ``RolloutServerError`` naming the endpoint and the
   cause; a failed generate returns nothing, and the rollout worker hands the batch's prompts
   back (tagged for retry).
 
 ``export_weights`` reads the served weights back (``/get_weights_by_name``, whole tensors):
-slow, for checks, not for the training loop.
+slow, for checks, not for the training loop. An adapter served is merged into them (W0 + B A,
+as the built-in engine holds it), since sglang keeps it beside the base weights.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import socket
 import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 
@@ -52,10 +58,11 @@ from rl_train.engines.rollout.protocol import (
 from rl_train.engines.rollout.sglang.client import RolloutServerError, SglangClient
 from rl_train.engines.rollout.sglang.config import SglangConfig
 from rl_train.engines.rollout.sglang.launch import LaunchedServer
+from rl_train.engines.rollout.sglang.lora import ServedAdapter, is_adapter_sync
+from rl_train.engines.rollout.sglang.weight_group import GROUP_NAME, broadcast_weights, open_group
 from rl_train.engines.weight_sync.base import NamedTensors
 
 STOP_REASONS = {"stop": "eos", "length": "length", "abort": "aborted"}
-GROUP_NAME = "rl_train_weights"
 POLICY_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                      "special_tokens_map.json", "vocab.json", "merges.txt")  # fmt: skip
 """What a staged weight folder carries besides the weights, so that it loads as a model."""
@@ -89,10 +96,11 @@ class SglangRolloutEngine:
         self.model_path = Path(model_path)
         self.tokenizer = load_tokenizer(self.model_path)
         self.hf_config = json.loads((self.model_path / "config.json").read_text())
+        lora_args = self.cfg.lora.launch_args() if self.cfg.lora is not None else []
         self._server = (
             None
             if self.cfg.url
-            else LaunchedServer(self.model_path, seed, self.cfg.launch_args, self.cfg.startup_timeout_s)
+            else LaunchedServer(self.model_path, seed, [*lora_args, *self.cfg.launch_args], self.cfg.startup_timeout_s)
         )
         self.client = SglangClient(
             self.cfg.url or self._server.url,  # type: ignore[union-attr]
@@ -107,13 +115,20 @@ class SglangRolloutEngine:
         self._kv_released = False
         self._staged: Path | None = None
         """Weights written while asleep, loaded by ``wake_up``."""
+        self._served: Path | None = None
+        """The folder of the full weights served (kept while they are)."""
         self._staging_root = Path(self.cfg.staging_dir or tempfile.mkdtemp(prefix="rlt-sglang-weights-"))
         self._owns_staging = self.cfg.staging_dir is None
+        self.adapter = ServedAdapter(self.client, self._staging_root, self.model_path, self.cfg.lora)
+        """The LoRA adapter served, if any (``lora.py``)."""
         self._group: Any = None
         self._tag = uuid.uuid4().hex[:8]
 
     def close(self) -> None:
-        """Leave the weight group, close the connection, stop a launched server, drop staged weights."""
+        """Leave the weight group, unload the adapter from a server attached to, close the
+        connection, stop a launched server, drop staged weights and adapters."""
+        if self._server is None:
+            self.adapter.close()
         if self._group is not None:
             with contextlib.suppress(RolloutServerError):
                 self.client.call("/destroy_weights_update_group", {"group_name": GROUP_NAME})
@@ -123,6 +138,9 @@ class SglangRolloutEngine:
             self._server.stop()
         if self._owns_staging:
             shutil.rmtree(self._staging_root, ignore_errors=True)
+        else:
+            self._served, self._staged, self.adapter.folder, self.adapter.staged = None, None, None, None
+            self._prune()
 
     # -- sampling stream ------------------------------------------------------------------
     def sampling_state(self) -> torch.Tensor:
@@ -151,7 +169,7 @@ class SglangRolloutEngine:
         budgets = [params.max_new_tokens - len(r.response_prefix) for r in requests]
         live = [i for i, budget in enumerate(budgets) if budget > 0]
         seeds = self._seeds(len(requests), params.seed)
-        version = self.version
+        version, adapter = self.version, self.adapter.name
         outputs: dict[int, dict[str, Any]] = {}
         if live:
             body = {
@@ -170,6 +188,8 @@ class SglangRolloutEngine:
                 "return_logprob": True,
                 "stream": False,
             }
+            if adapter is not None:
+                body["lora_path"] = adapter
             answer = self.client.call("/generate", body)
             if not isinstance(answer, list) or len(answer) != len(live):
                 raise self._malformed(f"expected a list of {len(live)} results, got {_kind(answer)}")
@@ -263,6 +283,10 @@ class SglangRolloutEngine:
         if self._staged is not None:
             staged, self._staged = self._staged, None
             self._load_from_disk(staged, self.version)
+        if self.adapter.staged is not None:
+            (folder, adapter), self.adapter.staged = self.adapter.staged, None
+            self.adapter.load(folder, adapter)
+            self._prune()
 
     def release_kv_cache(self) -> None:
         if self._kv_released or self._asleep:
@@ -284,17 +308,38 @@ class SglangRolloutEngine:
 
     # -- weights --------------------------------------------------------------------------
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        if self.cfg.weight_update == "distributed" and not self._asleep:
-            self._update_distributed(list(named_tensors), version)
+        items = list(named_tensors)
+        if is_adapter_sync(items):
+            self._update_adapter(items, version)
+        elif self.cfg.weight_update == "distributed" and not self._asleep:
+            self._update_distributed(items, version)
+            self._served = None  # the weights on disk are no longer those served
+            self.adapter.drop()
+            self._prune()
         else:
-            folder = self._stage(named_tensors, version)
+            folder = self._stage(items, version)
             if self._asleep:
-                self._staged = folder
+                self._staged, self.adapter.held, self.adapter.staged = folder, {}, None  # the adapter goes at wake-up
+                self._prune()
             else:
                 self._load_from_disk(folder, version)
         self.version = version
 
-    def _stage(self, named_tensors: NamedTensors, version: int) -> Path:
+    def _update_adapter(self, items: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Serve the adapter (``lora.py``), or stage it while asleep."""
+        if self._server is not None and self.cfg.lora is None:
+            raise ValueError(
+                "LoRA adapters arrived, and this replica launched its sglang server without LoRA: "
+                "rollout.sglang.lora is not set (a run fills it from actor.lora)"
+            )
+        folder, adapter = self.adapter.write(items, version)
+        if self._asleep:
+            self.adapter.staged = (folder, adapter)
+        else:
+            self.adapter.load(folder, adapter)
+        self._prune()
+
+    def _stage(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> Path:
         """The tensors as a loadable model folder: weights, config, tokenizer."""
         from safetensors.torch import save_file
 
@@ -310,74 +355,37 @@ class SglangRolloutEngine:
         return folder
 
     def _load_from_disk(self, folder: Path, version: int) -> None:
-        self.client.call(
-            "/update_weights_from_disk",
-            {"model_path": str(folder), "weight_version": str(version), "flush_cache": True},
-        )
-        for old in self._staging_root.glob("v*"):  # only the served version stays on disk
-            if old != folder:
+        try:
+            self.client.call(
+                "/update_weights_from_disk",
+                {"model_path": str(folder), "weight_version": str(version), "flush_cache": True},
+            )
+        except RolloutServerError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self._served = folder
+        self.adapter.drop()
+        self._prune()
+
+    def _prune(self) -> None:
+        """Only what is served or staged stays on disk."""
+        keep = {f for f in (self._served, self._staged) if f is not None} | self.adapter.folders()
+        for old in self._staging_root.glob("v*"):
+            if old not in keep:
                 shutil.rmtree(old, ignore_errors=True)
-
-    def _open_group(self) -> Any:
-        """A two-party group with the server: this replica is rank 0, the server's ranks follow."""
-        import torch.distributed as dist
-
-        info = self.client.call("/get_server_info", method="GET") or {}
-        server_ranks = int(info.get("tp_size", 1)) if isinstance(info, dict) else 1
-        host = self.cfg.group_address or (urlparse(self.client.url).hostname if self.cfg.url else "127.0.0.1")
-        if not host:
-            raise RolloutServerError(
-                f"rollout.sglang.url {self.client.url!r} names no host for the weight group; "
-                "set rollout.sglang.group_address"
-            )
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = int(sock.getsockname()[1])
-        world = 1 + server_ranks
-        store = dist.TCPStore(host, port, world, is_master=True, wait_for_workers=False)
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "gloo" and host in ("127.0.0.1", "localhost"):
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo picks the loopback device too
-        body = {
-            "master_address": host,
-            "master_port": port,
-            "rank_offset": 1,
-            "world_size": world,
-            "group_name": GROUP_NAME,
-            "backend": backend,
-        }
-        with ThreadPoolExecutor(1, "sglang-weights") as pool:  # the server answers once it has joined
-            joined = pool.submit(self.client.call, "/init_weights_update_group", body)
-            # the bindings default the timeout and the options, which torch's stubs leave out
-            group = (
-                dist.ProcessGroupGloo(store, 0, world)  # type: ignore[call-arg]
-                if backend == "gloo"
-                else dist.ProcessGroupNCCL(store, 0, world)  # type: ignore[call-arg]
-            )
-            joined.result()
-        self._store = store  # the group's rendezvous lives as long as the group
-        return group
 
     def _update_distributed(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         if self._group is None:
-            self._group = self._open_group()
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        body = {
-            "names": [name for name, _ in tensors],
-            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in tensors],
-            "shapes": [list(t.shape) for _, t in tensors],
-            "group_name": GROUP_NAME,
-            "flush_cache": True,
-            "weight_version": str(version),
-        }
-        with ThreadPoolExecutor(1, "sglang-weights") as pool:  # the server answers once it has received
-            loaded = pool.submit(self.client.call, "/update_weights_from_distributed", body)
-            for _, tensor in tensors:
-                self._group.broadcast(tensor.detach().to(device).contiguous(), 0).wait()
-            loaded.result()
+            self._group, self._store = open_group(self.client, self.cfg)
+        broadcast_weights(self.client, self._group, tensors, version)
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The served weights, HF-named, whole, in the policy's stored dtypes."""
+        """The served weights, HF-named, whole, in the policy's stored dtypes (an adapter served
+        merged in)."""
+        return self.adapter.merged_into(self._read_weights())
+
+    def _read_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The server's own weights (without an adapter: sglang keeps it apart)."""
         layout = stored_tensor_layout(self.model_path)
         if self.hf_config.get("tie_word_embeddings") and "lm_head.weight" not in layout:
             layout["lm_head.weight"] = layout["model.embed_tokens.weight"]
