@@ -10,6 +10,8 @@ micro-batches or ranks.
 With ``actor.lora`` the policy is wrapped by PEFT (``lora.py``): only the adapters require grad,
 so the optimizer, the gradient all-reduce, the clip, pi_old's snapshot and the checkpoint
 carry them alone; the reference is this engine with the adapters off (``reference_is_base``).
+With ``actor.fsdp`` too, ``fully_shard`` shards the frozen base weights and the adapters alike
+(``sharding.py``) and reduce-scatters the adapters' gradients alone.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.lazy_dynamo import optimizers_without_compiler, step_without_compiler
 from rl_train.engines.training.micro_batch import length_sorted_micro_batches, split_micro_batches
 from rl_train.engines.training.protocol import ROUTES, Batch, LossFn, RoutesNotSupportedError
+from rl_train.engines.training.sharding import full, local, local_state, reshard_optimizer_state, shard_model
 from rl_train.engines.training.snapshot import WeightSnapshots
 from rl_train.engines.training.token_outputs import token_entropy, token_log_probs
 
@@ -326,9 +329,9 @@ class TorchTrainingEngine:
         With LoRA, the adapters alone, and the base model's path and checksum."""
         if self.lora:
             return {
-                "adapter": {name: param.detach() for name, param in lora.adapter_parameters(self.model)},
+                "adapter": {name: local(param.detach()) for name, param in lora.adapter_parameters(self.model)},
                 "base": {"path": str(self.model_path), "sha256": self.base_checksum()},
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": local_state(self.optimizer.state_dict()),
                 "scheduler": self.scheduler.state_dict(),
             }
         return {
@@ -345,11 +348,10 @@ class TorchTrainingEngine:
 
     def save_pretrained(self, path: Path) -> None:
         """With LoRA: the merged policy as an HF directory, and the adapter alone in its
-        ``adapter/`` folder (a PEFT adapter directory of the base model)."""
+        ``adapter/`` folder (a PEFT adapter directory of the base model). Sharded, every rank
+        runs the gathers of ``export_weights`` (the other ranks join with it) and the first writes."""
         if self.lora:
-            merged = lora.merged_model(self.model, self.model_path, next(self.model.parameters()).dtype)
-            save_policy(merged, self.tokenizer, self.model_path, path)
-            lora.save_adapter(self.model, Path(path) / "adapter")
+            self._save_lora(Path(path))
             return
         whole = None
         if self.sharded:  # the whole model, gathered as every rank's export gathers it; the first rank writes
@@ -358,10 +360,24 @@ class TorchTrainingEngine:
                 return
         save_policy(self.model, self.tokenizer, self.model_path, path, whole)
 
+    def _save_lora(self, path: Path) -> None:
+        """The merged policy and the adapter directory, from one gather of the whole policy (the
+        adapters are read beside the weights they merge into, so a save of a sharded policy
+        runs the collectives of ``export_weights`` and no others)."""
+        gathered: dict[str, torch.Tensor] | None = {} if self.sharded else None
+        weights = dict(lora.merged_weights(self.model, gathered))
+        if self.sharded and dist.get_rank() != 0:
+            return
+        merged = lora.merged_model(weights, self.model_path, next(self.model.parameters()).dtype)
+        save_policy(merged, self.tokenizer, self.model_path, path)
+        lora.save_adapter(self.model, path / "adapter", gathered)
+
     def load_state_dict(self, state: dict[str, object]) -> None:
         if self.lora:
             lora.load_adapter_state(self.model, state, self.model_path, self.base_checksum())
             self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+            if self.sharded:
+                reshard_optimizer_state(self.optimizer)
         elif not self.sharded:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
@@ -374,48 +390,3 @@ class TorchTrainingEngine:
             reshard_optimizer_state(self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
 
-
-def shard_model(model: torch.nn.Module) -> None:
-    """FSDP2 (``fully_shard``): each decoder layer a unit, then the rest (embeddings, norm, head)."""
-    from torch.distributed.fsdp import fully_shard
-
-    for layer in model.model.layers:  # type: ignore[union-attr]
-        fully_shard(layer)
-    fully_shard(model)
-
-
-def full(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a sharded DTensor (a collective), a plain tensor as it is."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor, a plain tensor as it is."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def local_state(state: dict[str, object]) -> dict[str, object]:
-    """An optimizer state dict with every DTensor replaced by this rank's shard."""
-    return {
-        "state": {
-            index: {key: local(value) if torch.is_tensor(value) else value for key, value in entry.items()}
-            for index, entry in state["state"].items()  # type: ignore[attr-defined]
-        },
-        "param_groups": state["param_groups"],
-    }
-
-
-def reshard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """After loading local shards: each moment a DTensor laid out as its parameter again."""
-    from torch.distributed.tensor import DTensor
-
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            if not isinstance(param, DTensor):
-                continue
-            entry = optimizer.state.get(param, {})
-            for key, value in entry.items():
-                if torch.is_tensor(value) and not isinstance(value, DTensor) and value.dim() > 0:
-                    entry[key] = DTensor.from_local(
-                        value.to(param.device), param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
-                    )
