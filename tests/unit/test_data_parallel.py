@@ -134,3 +134,105 @@ def test_two_fsdp_ranks_make_the_one_rank_updates_and_checkpoint_their_shards(
     assert two["resumed"]
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "policy").state_dict()
     assert all(torch.equal(saved[name], tensor) for name, tensor in two["final"].items())
+
+
+LORA = {"rank": 4, "alpha": 8.0, "merged_export": True}
+
+
+def _fsdp_lora_rank_main(rank: int, world: int, port: int, model_dir: str, shards: list[list[dict]], out: str) -> None:
+    """Two LoRA updates on two FSDP2 ranks, then what each reader of the sharded policy gives:
+    the adapters, both exports, the reference (adapters off) beside the base model's own
+    log-probs, pi_old pinned across a step, a state round trip, and the saved policy (rank 0
+    saves while rank 1 joins as the trainer's other ranks do, with ``export_weights``)."""
+    import copy
+
+    from rl_train.engines.training.lora import adapter_parameters
+    from rl_train.engines.training.sharding import full
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    cfg = ActorConfig(loss_agg_mode="seq-mean-token-mean", micro_batch_size=3, lr=1e-3, fsdp=True, lora=LORA)
+    engine = TorchTrainingEngine(model_dir, cfg, 10)
+    batch, loss_fn = collate(shards[rank], 0, FIELDS), build_actor_loss_fn(cfg)
+    steps = [engine.train_batch(batch, loss_fn) for _ in range(2)]
+
+    def gathered() -> dict[str, torch.Tensor]:
+        return {name: full(param.detach()).clone() for name, param in adapter_parameters(engine.model)}
+
+    report: dict[str, object] = {"losses": [m["actor/loss"] for m in steps], "norms": [m["actor/grad_norm"] for m in steps]}
+    report["adapters"] = gathered()
+    report["synced"] = {name: tensor.clone() for name, tensor in engine.export_adapters()}
+    report["merged"] = {name: tensor.clone() for name, tensor in engine.export_weights()}
+    base = TorchTrainingEngine(model_dir, ActorConfig(), 10)  # the base model, unsharded and without LoRA
+    report["reference"] = torch.equal(
+        engine.compute_log_probs(batch, base=True)["log_probs"], base.compute_log_probs(batch)["log_probs"]
+    )
+    engine.snapshot_pi_old()
+    pinned = engine.compute_log_probs(batch)["log_probs"]
+    saved = copy.deepcopy(engine.state_dict())
+    again = TorchTrainingEngine(model_dir, cfg, 10)
+    again.load_state_dict(saved)
+    engine.train_batch(batch, loss_fn)
+    again.train_batch(batch, loss_fn)
+    report["pinned"] = torch.equal(engine.compute_log_probs(batch, pi_old=True)["log_probs"], pinned)
+    report["moved"] = not torch.equal(engine.compute_log_probs(batch)["log_probs"], pinned)
+    engine.clear_pi_old()
+    report["resumed"] = all(
+        torch.equal(a, b) for (_, a), (_, b) in zip(engine.export_adapters(), again.export_adapters(), strict=True)
+    )
+    report["final"] = gathered()
+    report["final_merged"] = {name: tensor.clone() for name, tensor in engine.export_weights()}
+    if rank == 0:
+        engine.save_pretrained(Path(out).with_name("policy"))
+        torch.save(report, out)
+    else:
+        for _ in engine.export_weights():  # the trainer's other ranks join a save this way
+            pass
+    dist.destroy_process_group()
+
+
+def test_two_fsdp_ranks_make_the_one_rank_lora_update_and_export_it(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """actor.lora with actor.fsdp: fully_shard shards the frozen base beside the adapters and
+    reduce-scatters the adapters' gradients alone; two ranks on uneven halves, accumulating over
+    micro-batches of 3, make the one-rank update of the whole batch (the global denominator),
+    and each reader of the sharded policy gathers what the one-rank engine reads."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rl_train.engines.model.loading import load_model
+
+    records = _make_records(tiny_model_dir)
+    shards = [records[:7], records[7:]]
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_fsdp_lora_rank_main, args=(2, _free_port(), str(tiny_model_dir), shards, str(out)), nprocs=2, join=True)
+    two = torch.load(out)
+    cfg = ActorConfig(loss_agg_mode="seq-mean-token-mean", lr=1e-3, lora=LORA)
+    single = TorchTrainingEngine(tiny_model_dir, cfg, 10)
+    batch, loss_fn = collate(records, 0, FIELDS), build_actor_loss_fn(cfg)
+    steps = [single.train_batch(batch, loss_fn) for _ in range(2)]
+    assert two["losses"] == pytest.approx([m["actor/loss"] for m in steps], rel=1e-5, abs=1e-6)
+    assert two["norms"] == pytest.approx([m["actor/grad_norm"] for m in steps], rel=1e-4)
+    # as in the full-weight test: Adam turns summation-order noise on near-eps gradients into up
+    # to ~lr / 10 of movement on a few entries; a missed, doubled or mis-scaled step moves ~lr
+    own = {name: param.detach() for name, param in single.model.named_parameters() if param.requires_grad}
+    assert two["adapters"].keys() == own.keys()
+    off, total = 0, 0
+    for name, tensor in own.items():
+        torch.testing.assert_close(two["adapters"][name], tensor, atol=1e-4, rtol=0)
+        off += int(((two["adapters"][name] - tensor).abs() > 1e-5).sum())
+        total += tensor.numel()
+    assert off <= total // 1000, (off, total)
+    assert any(".lora_B." in name and bool(tensor.abs().sum()) for name, tensor in own.items())  # B left 0
+    # the exports of the sharded policy are the one-rank engine's of the same adapters, bitwise
+    with torch.no_grad():
+        for name, param in single.model.named_parameters():
+            if param.requires_grad:
+                param.copy_(two["adapters"][name])
+    for key, expected in (("synced", single.export_adapters()), ("merged", single.export_weights())):
+        expected = dict(expected)
+        assert list(two[key]) == list(expected), key
+        assert all(torch.equal(two[key][name], tensor) for name, tensor in expected.items()), key
+    assert two["reference"] and two["pinned"] and two["moved"] and two["resumed"]
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "policy").state_dict()
+    assert all(torch.equal(saved[name], tensor) for name, tensor in two["final_merged"].items())
+    adapted = dict(PeftModel.from_pretrained(load_model(tiny_model_dir), str(tmp_path / "policy" / "adapter")).named_parameters())
+    assert all(torch.equal(adapted[name], tensor) for name, tensor in two["final"].items())

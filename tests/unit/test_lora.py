@@ -222,7 +222,6 @@ def test_target_modules_that_match_nothing_are_refused_by_name(tiny_model_dir: P
     ("actor", "message"),
     [
         ({"engine": "megatron", "lora": {}}, "actor.engine 'megatron' has no LoRA here"),
-        ({"fsdp": True, "lora": {}}, "actor.lora with actor.fsdp"),
         ({"lora": {"rank": 0}}, "greater than or equal to 1"),
         ({"lora": {"target_modules": []}}, "give module names"),
         ({"lora": {"target_modules": "everything"}}, "all-linear"),
@@ -231,6 +230,13 @@ def test_target_modules_that_match_nothing_are_refused_by_name(tiny_model_dir: P
 def test_bad_lora_config_is_refused_at_load(actor: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         ActorConfig.model_validate(actor)
+
+
+def test_lora_with_fsdp_is_accepted() -> None:
+    """actor.lora shards with actor.fsdp (the two-rank update, exports and checkpoint are in
+    test_data_parallel.py)."""
+    actor = ActorConfig.model_validate({"fsdp": True, "lora": {"rank": 4}})
+    assert actor.fsdp and actor.lora is not None and actor.lora.rank == 4
 
 
 def test_defaults() -> None:

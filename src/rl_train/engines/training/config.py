@@ -70,7 +70,7 @@ class ActorConfig(PolicyLossConfig):
     megatron: MegatronParallelConfig = MegatronParallelConfig()
     """Tensor and pipeline parallel sizes of the megatron engine (``engine: megatron``)."""
     lora: LoraSettings | None = None
-    """torch engine: train low-rank adapters through PEFT (the lora extra) instead of every weight (None: full fine-tuning). The reference is the base with the adapters off; checkpoints hold the adapters, their optimizer state and the base model's checksum; weight sync sends the merged weights."""
+    """torch engine: train low-rank adapters through PEFT (the lora extra) instead of every weight (None: full fine-tuning). The reference is the base with the adapters off; checkpoints hold the adapters, their optimizer state and the base model's checksum; weight sync sends the adapters alone or the merged weights (actor.lora.sync). With actor.fsdp the frozen base weights and the adapters are sharded alike, the adapters' gradients and Adam's moments too, and each rank's checkpoint holds its own shards."""
 
     @model_validator(mode="after")
     def _parallel_layout_fits(self) -> ActorConfig:
@@ -99,11 +99,6 @@ class ActorConfig(PolicyLossConfig):
             raise ValueError(
                 f"actor.lora trains PEFT adapters on the torch engine; actor.engine {self.engine!r} has no "
                 "LoRA here (megatron-core's own is not wired in): set actor.engine: torch or remove actor.lora"
-            )
-        if self.lora is not None and self.fsdp:
-            raise ValueError(
-                "actor.lora with actor.fsdp: sharding adapters beside frozen base weights is not supported yet; "
-                "LoRA's optimizer state is small, so set actor.fsdp: false"
             )
         if self.sort_by_length and self.engine != "torch":
             raise ValueError(

@@ -12,6 +12,10 @@ says) to a rollout engine that merges them itself, and HF-named full weights to 
 everything else as loaded. ``save_adapter`` writes a
 PEFT adapter directory (``PeftModel.from_pretrained(base, dir)`` loads it), with the base
 model's path in its config.
+
+Sharded (``actor.fsdp``, ``sharding.py``), the adapters are sharded like the base weights: each
+reader here gathers what it reads (``full``), a collective every rank runs together, and a
+checkpoint holds each rank's own shards (``local``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 
 from rl_train.engines.training.lora_config import ALL_LINEAR, LoraSettings
+from rl_train.engines.training.sharding import full, local
 from rl_train.engines.weight_sync import adapters
 
 ADAPTER = "default"
@@ -104,47 +109,67 @@ def adapter_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Param
     return [(name, param) for name, param in model.named_parameters() if param.requires_grad]
 
 
-def _adapted_layers(wrapped: Any) -> Iterator[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(base weight name, base weight, A, B scaled by alpha / r) of every adapted layer."""
+def _adapted_modules(wrapped: Any) -> dict[str, Any]:
+    """Every adapted layer (PEFT's ``LoraLayer``) by its base weight's name, in model order."""
     from peft.tuners.lora import LoraLayer
 
-    for name, module in wrapped.get_base_model().named_modules():
-        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
-            a: torch.Tensor = module.lora_A[ADAPTER].weight  # type: ignore[assignment]  # PEFT's Linear
-            b: torch.Tensor = module.lora_B[ADAPTER].weight  # type: ignore[assignment]
-            weight: torch.Tensor = module.get_base_layer().weight  # type: ignore[assignment]
-            yield f"{name}.weight", weight, a.detach(), b.detach() * module.scaling[ADAPTER]
+    return {
+        f"{name}.weight": module
+        for name, module in wrapped.get_base_model().named_modules()
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A
+    }
+
+
+def _adapter_pair(module: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A and B (unscaled) of one adapted layer, whole (gathered when sharded: every rank calls
+    this for the same layers in the same order)."""
+    return full(module.lora_A[ADAPTER].weight.detach()), full(module.lora_B[ADAPTER].weight.detach())
 
 
 @torch.no_grad()
-def merged_weights(wrapped: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_weights(wrapped: Any, keep: dict[str, torch.Tensor] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy as HF-named full weights: each adapted weight W + (alpha / r) B A, the rest as
     loaded, under the base model's own names (what a rollout engine without LoRA loads). The
     merge is ``weight_sync.adapters.merged``, the one a rollout engine sent the adapters alone
-    does, so both end on the same bits."""
-    merged = {name: adapters.merged(weight, a, b) for name, weight, a, b in _adapted_layers(wrapped)}
+    does, so both end on the same bits.
+
+    Sharded (``actor.fsdp``), each tensor is gathered whole as it comes: a collective every rank
+    runs in the same order. ``keep`` receives the gathered A and B under the wrapper's parameter
+    names, so that a save writes the adapter directory without gathering them a second time."""
+    layers = _adapted_modules(wrapped)
     for key, tensor in wrapped.get_base_model().state_dict().items():
         if "lora_" in key:
             continue
         name = key.replace(".base_layer.", ".")
-        yield name, merged.get(name, tensor).detach()
+        whole = full(tensor.detach())
+        if name in layers:
+            a, b = _adapter_pair(layers[name])
+            whole = adapters.merged(whole, a, b * layers[name].scaling[ADAPTER])
+            if keep is not None:
+                module = adapters.PEFT_PREFIX + name.removesuffix(adapters.WEIGHT)
+                keep[f"{module}.lora_A.{ADAPTER}.weight"] = a
+                keep[f"{module}.lora_B.{ADAPTER}.weight"] = b
+        yield name, whole
 
 
 @torch.no_grad()
 def adapter_tensors(wrapped: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """What an adapter-only weight sync sends: A and scaled B of every adapted layer, under the
-    names of ``weight_sync.adapters`` (a new tensor for B, A as trained)."""
-    for name, _, a, b in _adapted_layers(wrapped):
+    names of ``weight_sync.adapters`` (a new tensor for B, A as trained; gathered when sharded)."""
+    for name, module in _adapted_modules(wrapped).items():
         a_name, b_name = adapters.adapter_names(name)
+        a, b = _adapter_pair(module)
         yield a_name, a
-        yield b_name, b
+        yield b_name, b * module.scaling[ADAPTER]
 
 
-def save_adapter(wrapped: Any, out: str | Path) -> None:
+def save_adapter(wrapped: Any, out: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
     """A PEFT adapter directory at ``out``: adapter_config.json (the base model's path in it)
-    and the adapters' weights as safetensors."""
+    and the adapters' weights as safetensors (``state``: their gathered copy, under the wrapper's
+    parameter names, when the policy's own are sharded)."""
     # the embeddings are never adapted: PEFT's "auto" would reload the base's config to check
-    wrapped.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
+    extra = {} if state is None else {"state_dict": state}
+    wrapped.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False, **extra)
 
 
 def base_checksum(base_path: str | Path) -> str:
@@ -160,12 +185,13 @@ def base_checksum(base_path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def merged_model(wrapped: Any, base_path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
-    """A fresh copy of the base model holding the merged weights (``wrapped`` stays as it is)."""
+def merged_model(weights: dict[str, torch.Tensor], base_path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
+    """A fresh copy of the base model holding ``weights`` (``merged_weights``: the policy stays
+    as it is)."""
     from rl_train.engines.model.loading import load_model
 
     model = load_model(base_path, dtype=dtype)
-    model.load_state_dict(dict(merged_weights(wrapped)))
+    model.load_state_dict(weights)
     return model
 
 
@@ -191,4 +217,4 @@ def load_adapter_state(wrapped: Any, state: dict[str, object], base_path: str | 
         )
     with torch.no_grad():
         for name, param in own.items():
-            param.copy_(saved[name])
+            local(param).copy_(saved[name])  # sharded: this rank's shard, as ``state_dict`` kept it

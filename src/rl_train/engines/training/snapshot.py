@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 import torch
 
+from rl_train.engines.training.sharding import local
+
 
 class WeightSnapshots:
     def __init__(self) -> None:
@@ -42,12 +44,13 @@ class WeightSnapshots:
 
 
 def _host_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters that train (a frozen one, such as a LoRA base weight, never changes)."""
-    return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
+    """The parameters that train (a frozen one, such as a LoRA base weight, never changes); of a
+    sharded (FSDP) parameter, this rank's own shard: the pass that uses the slot gathers it."""
+    return {name: local(p.detach()).to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
 
 
 @torch.no_grad()
 def _load(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     for name, param in model.named_parameters():
         if name in state:
-            param.copy_(state[name])
+            local(param).copy_(state[name])

@@ -10,6 +10,8 @@ micro-batches or ranks.
 With ``actor.lora`` the policy is wrapped by PEFT (``lora.py``): only the adapters require grad,
 so the optimizer, the gradient all-reduce, the clip, pi_old's snapshot and the checkpoint
 carry them alone; the reference is this engine with the adapters off (``reference_is_base``).
+With ``actor.fsdp`` too, ``fully_shard`` shards the frozen base weights and the adapters alike
+(``sharding.py``) and reduce-scatters the adapters' gradients alone.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.lazy_dynamo import optimizers_without_compiler, step_without_compiler
 from rl_train.engines.training.micro_batch import length_sorted_micro_batches, split_micro_batches
 from rl_train.engines.training.protocol import ROUTES, Batch, LossFn, RoutesNotSupportedError
+from rl_train.engines.training.sharding import full, local, local_state, reshard_optimizer_state, shard_model
 from rl_train.engines.training.snapshot import WeightSnapshots
 from rl_train.engines.training.token_outputs import token_entropy, token_log_probs
 
@@ -326,9 +329,9 @@ class TorchTrainingEngine:
         With LoRA, the adapters alone, and the base model's path and checksum."""
         if self.lora:
             return {
-                "adapter": {name: param.detach() for name, param in lora.adapter_parameters(self.model)},
+                "adapter": {name: local(param.detach()) for name, param in lora.adapter_parameters(self.model)},
                 "base": {"path": str(self.model_path), "sha256": self.base_checksum()},
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": local_state(self.optimizer.state_dict()),
                 "scheduler": self.scheduler.state_dict(),
             }
         return {
@@ -347,14 +350,10 @@ class TorchTrainingEngine:
         """With LoRA: the adapter alone in the ``adapter/`` folder (a PEFT adapter directory of
         the base model) and, with ``actor.lora.merged_export``, the merged policy as an HF
         directory at ``path`` (else only the tokenizer there: ``load_policy`` takes the folder
-        as the base with the adapter merged)."""
-        if self.cfg.lora is not None:
-            if self.cfg.lora.merged_export:
-                merged = lora.merged_model(self.model, self.model_path, next(self.model.parameters()).dtype)
-                save_policy(merged, self.tokenizer, self.model_path, path)
-            else:  # the tokenizer beside the adapter: what reads a policy's text finds it here
-                self.tokenizer.save_pretrained(str(path))
-            lora.save_adapter(self.model, Path(path) / "adapter")
+        as the base with the adapter merged). Sharded, every rank runs the gathers of
+        ``export_weights`` (the other ranks join with it) and the first writes."""
+        if self.lora:
+            self._save_lora(Path(path))
             return
         whole = None
         if self.sharded:  # the whole model, gathered as every rank's export gathers it; the first rank writes
@@ -363,10 +362,30 @@ class TorchTrainingEngine:
                 return
         save_policy(self.model, self.tokenizer, self.model_path, path, whole)
 
+    def _save_lora(self, path: Path) -> None:
+        """The adapter directory, and the merged policy where asked for. Sharded, from one gather
+        of the whole policy whether or not it is written (the adapters are read beside the
+        weights they merge into, so the save runs the collectives of ``export_weights``, which
+        the other ranks join with, and no others)."""
+        assert self.cfg.lora is not None
+        write_merged = self.cfg.lora.merged_export
+        gathered: dict[str, torch.Tensor] | None = {} if self.sharded else None
+        weights = dict(lora.merged_weights(self.model, gathered)) if write_merged or self.sharded else {}
+        if self.sharded and dist.get_rank() != 0:
+            return
+        if write_merged:
+            merged = lora.merged_model(weights, self.model_path, next(self.model.parameters()).dtype)
+            save_policy(merged, self.tokenizer, self.model_path, path)
+        else:  # the tokenizer beside the adapter: what reads a policy's text finds it here
+            self.tokenizer.save_pretrained(str(path))
+        lora.save_adapter(self.model, path / "adapter", gathered)
+
     def load_state_dict(self, state: dict[str, object]) -> None:
         if self.lora:
             lora.load_adapter_state(self.model, state, self.model_path, self.base_checksum())
             self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+            if self.sharded:
+                reshard_optimizer_state(self.optimizer)
         elif not self.sharded:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
@@ -379,48 +398,3 @@ class TorchTrainingEngine:
             reshard_optimizer_state(self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])  # type: ignore[arg-type]
 
-
-def shard_model(model: torch.nn.Module) -> None:
-    """FSDP2 (``fully_shard``): each decoder layer a unit, then the rest (embeddings, norm, head)."""
-    from torch.distributed.fsdp import fully_shard
-
-    for layer in model.model.layers:  # type: ignore[union-attr]
-        fully_shard(layer)
-    fully_shard(model)
-
-
-def full(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a sharded DTensor (a collective), a plain tensor as it is."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor, a plain tensor as it is."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def local_state(state: dict[str, object]) -> dict[str, object]:
-    """An optimizer state dict with every DTensor replaced by this rank's shard."""
-    return {
-        "state": {
-            index: {key: local(value) if torch.is_tensor(value) else value for key, value in entry.items()}
-            for index, entry in state["state"].items()  # type: ignore[attr-defined]
-        },
-        "param_groups": state["param_groups"],
-    }
-
-
-def reshard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """After loading local shards: each moment a DTensor laid out as its parameter again."""
-    from torch.distributed.tensor import DTensor
-
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            if not isinstance(param, DTensor):
-                continue
-            entry = optimizer.state.get(param, {})
-            for key, value in entry.items():
-                if torch.is_tensor(value) and not isinstance(value, DTensor) and value.dim() > 0:
-                    entry[key] = DTensor.from_local(
-                        value.to(param.device), param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
-                    )

@@ -82,11 +82,12 @@ class TrainerPool(RankedPool):
     def rank0(self) -> Actor:
         return self.ranks[0]
 
-    def start_peer_exports(self) -> list[RayPending[None]]:
+    def start_peer_exports(self, sync: bool = False) -> list[RayPending[None]]:
         """The other ranks' share of rank 0's next export (none unless the model is split);
-        started before it, as each rank runs its calls in order."""
+        started before it, as each rank runs its calls in order. ``sync``: that export is a
+        weight sync's (``export_for_sync``), else the whole policy's."""
         peers = self.ranks[1:] if self.split_model else []
-        return [RayPending(peer.join_export.remote()) for peer in peers]
+        return [RayPending(peer.join_export.remote(sync)) for peer in peers]
 
     def _by_data_rank(self, shards: list[list[str]]) -> list[tuple[Actor, list[str]]]:
         dp_ranks = self.data_parallel_ranks or list(range(len(self.ranks)))

@@ -155,10 +155,12 @@ class TrainerWorker:
         parallel) share it, and the batch shard that goes with it."""
         return self.engine.data_parallel_rank
 
-    def join_export(self) -> None:
+    def join_export(self, sync: bool = False) -> None:
         """Take part in rank 0's export of a split model (a weight sync, a saved policy): the
-        export gathers over the tensor and pipeline groups, so every rank runs it together."""
-        for _ in self.engine.export_weights():
+        export gathers over the tensor and pipeline groups (or the FSDP shards), so every rank
+        runs it together. ``sync``: rank 0 exports what a weight sync sends (``export_for_sync``:
+        with LoRA, possibly the adapters alone, whose gathers differ from the whole policy's)."""
+        for _ in self.export_for_sync() if sync else self.engine.export_weights():
             pass
 
     def rendezvous_address(self) -> str:

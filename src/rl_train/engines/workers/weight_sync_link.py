@@ -93,7 +93,7 @@ class WeightSyncLink:
             send = rank0.send_weights.options(num_returns=2, concurrency_group=SYNC_GROUP)
         else:
             send = rank0.send_weights.options(num_returns=2)
-        peers = self.trainer.start_peer_exports()  # their main threads, as rank 0's export
+        peers = self.trainer.start_peer_exports(sync=True)  # their main threads, as rank 0's export
         payload_ref, metrics_ref = send.remote(version, overlap)
         payload = payload_ref if self.handover else None
         receives = [
