@@ -112,11 +112,11 @@ def measure_side(
         "sync_s": median(sync_times),
         "step_s": median(step_times),
     }
-    return {**figures, **(generation_times(served, repeats) if rank else {})}
+    return {**figures, **(generation_times(served, repeats, 256 if repeats > 1 else 16) if rank else {})}
 
 
-def generation_times(served: Any, repeats: int = 3) -> dict[str, float]:
-    """One generation (64 prompts x 16 tokens) on ``served``, which holds merged adapters: on
+def generation_times(served: Any, repeats: int = 3, prompts: int = 256) -> dict[str, float]:
+    """One generation (``prompts`` prompts x 32 tokens) on ``served``, which holds merged adapters: on
     its fast path, through the modules' forward, and with the adapters unmerged (the base
     weights back, B A x added by forward hooks) through the same modules."""
     import torch
@@ -128,14 +128,14 @@ def generation_times(served: Any, repeats: int = 3) -> dict[str, float]:
     tok = served.tokenizer
     requests = [
         GenerationRequest(str(i), [tok.bos_token_id, *tok.encode(f"{i % 10}+{(3 * i) % 10}=", add_special_tokens=False)])
-        for i in range(64)
+        for i in range(prompts)
     ]
 
     def timed() -> float:
         times = []
         for _ in range(repeats):
             began = time.perf_counter()
-            served.generate(requests, SamplingParams(1.0, 1.0, 16, ignore_eos=True))
+            served.generate(requests, SamplingParams(1.0, 1.0, 32, ignore_eos=True))
             times.append(time.perf_counter() - began)
         return median(times)
 
