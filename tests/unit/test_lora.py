@@ -275,6 +275,9 @@ def test_an_adapter_folder_loads_as_its_base_with_the_adapter_merged(tiny_model_
     (adapter / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="is not a local model folder"):
         load_policy(adapter)
+    (adapter / "adapter_model.safetensors").rename(adapter / "adapter_model.bin")  # never unpickled
+    with pytest.raises(ValueError, match="without adapter_model.safetensors"):
+        load_policy(adapter)
 
 
 def test_lora_with_router_replay_is_refused_by_name() -> None:

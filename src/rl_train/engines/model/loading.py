@@ -45,6 +45,9 @@ def resolve_impl(path: str | Path, impl: str = "auto") -> str:
     return "transformers"
 
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
 def adapter_folder(path: str | Path) -> Path | None:
     """The PEFT adapter folder ``path`` holds: ``path`` itself, or its ``adapter/`` (a LoRA run's
     ``policy/`` without the merged model); None when ``path`` is a model folder of its own."""
@@ -63,6 +66,8 @@ def adapter_base(path: str | Path) -> Path | None:
     folder = adapter_folder(path)
     if folder is None:
         return None
+    if not (folder / ADAPTER_WEIGHTS).is_file():  # PEFT would fall back to a pickled .bin
+        raise ValueError(f"{folder} is a PEFT adapter folder without {ADAPTER_WEIGHTS}: only safetensors adapters load")
     base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not isinstance(base, str) or not (Path(base) / "config.json").is_file():
         raise ValueError(
