@@ -31,7 +31,7 @@ from rl_train.engines.weight_sync.local_link import LocalSyncLink
 from rl_train.storage.records import collate, scatter_response
 
 LORA = {"rank": 4, "alpha": 8.0}
-PAIRS = [("naive", "shm"), ("bucketed", "shm"), ("bucketed", "tcp"), ("delta", "shm"), ("delta", "tcp")]
+PAIRS = [("naive", "shm"), ("bucketed", "shm"), ("bucketed", "tcp"), ("bucketed", "torch_dist"), ("bucketed", "mooncake"), ("delta", "shm"), ("delta", "tcp")]
 
 
 def trainer(model_dir: Path, lora: dict[str, Any] | None = LORA) -> TorchTrainingEngine:
