@@ -201,15 +201,18 @@ def test_full_weights_replace_the_adapter(engine: SglangRolloutEngine, trainer: 
         engine.update_weights(iter(changed.items()), version=3)
 
 
+def fail_once(server: str, endpoint: str) -> None:
+    """The test server answers the next call of ``endpoint`` with an HTTP 500."""
+    httpx.post(f"{server}/test/fault", json={"mode": "error", "times": 1, "endpoint": endpoint}, timeout=10).raise_for_status()
+
+
 def test_a_refused_adapter_changes_nothing(
     engine: SglangRolloutEngine, trainer: TorchTrainingEngine, sglang_server: str
 ) -> None:
     sent = adapters(trainer)
     engine.update_weights(iter(sent.items()), version=1)
     served = engine.adapter.name
-    httpx.post(
-        f"{sglang_server}/test/fault", json={"mode": "error", "times": 1, "endpoint": "/load_lora_adapter"}, timeout=10
-    ).raise_for_status()
+    fail_once(sglang_server, "/load_lora_adapter")
     bigger = {name: tensor * 2 for name, tensor in sent.items()}
     with pytest.raises(RolloutServerError, match=r"load_lora_adapter: HTTP 500: injected server error \(the server must run with --enable-lora"):
         engine.update_weights(iter(bigger.items()), version=2)
@@ -227,9 +230,7 @@ def test_an_adapter_the_server_keeps_is_logged_and_the_sync_stands(
     sent = adapters(trainer)
     engine.update_weights(iter(sent.items()), version=1)
     first = engine.adapter.name
-    httpx.post(
-        f"{sglang_server}/test/fault", json={"mode": "error", "times": 1, "endpoint": "/unload_lora_adapter"}, timeout=10
-    ).raise_for_status()
+    fail_once(sglang_server, "/unload_lora_adapter")
     with caplog.at_level("WARNING"):
         engine.update_weights(iter(sent.items()), version=2)
     assert f"the LoRA adapter {first} stays loaded on the server" in caplog.text
