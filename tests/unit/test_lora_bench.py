@@ -12,7 +12,7 @@ from rl_train.bench import lora
 
 def test_a_lora_side_trains_keeps_and_syncs_less_and_times_its_generation_three_ways(tiny_model_dir: Path) -> None:
     full = lora.measure_side(str(tiny_model_dir), 0, steps=2)
-    adapted = lora.measure_side(str(tiny_model_dir), 4, steps=2, targets=["q_proj", "v_proj"], link=("delta", "shm"), repeats=1)
+    adapted = lora.measure_side(str(tiny_model_dir), 4, steps=2, targets=["q_proj", "v_proj"], link=("delta", "shm"), repeats=1, prompts=16)
     assert set(full) == set(lora.FIGURES) and set(adapted) == {*lora.FIGURES, *lora.GENERATION}
     assert 0 < adapted["trainable"] < full["trainable"] / 4
     assert adapted["state_mb"] < full["state_mb"] / 4  # adapters and their moments, no base weights

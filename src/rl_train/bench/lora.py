@@ -69,6 +69,7 @@ def measure_side(
     targets: list[str] | str = "all-linear",
     link: tuple[str, str] = ("bucketed", "shm"),
     repeats: int = 3,
+    prompts: int = 256,
 ) -> dict[str, float]:
     """One side, in this process: ``rank`` 0 is full fine-tuning."""
     import torch
@@ -112,7 +113,7 @@ def measure_side(
         "sync_s": median(sync_times),
         "step_s": median(step_times),
     }
-    return {**figures, **(generation_times(served, repeats, 256 if repeats > 1 else 16) if rank else {})}
+    return {**figures, **(generation_times(served, repeats, prompts) if rank else {})}
 
 
 def generation_times(served: Any, repeats: int = 3, prompts: int = 256) -> dict[str, float]:

@@ -35,6 +35,8 @@ class AdapterMerger:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self._touched: dict[str, None] = {}
+        self._adapted: set[str] = set()
+        """Weight names whose layer keeps W0: a full sync's other tensors pass through untouched."""
 
     def _layer(self, weight_name: str) -> tuple[torch.nn.Module, torch.Tensor]:
         """The module that holds ``weight_name``, and that weight."""
@@ -56,13 +58,15 @@ class AdapterMerger:
         for name, *rest in items:
             split = split_adapter_name(name)
             if split is None:
-                self.forget(name)
+                if name in self._adapted:
+                    self.forget(name)
                 yield (name, *rest)
                 continue
             weight_name, part = split
             layer, weight = self._layer(weight_name)
             if BASE not in layer._buffers:
                 layer.register_buffer(BASE, weight.detach().clone(), persistent=False)
+                self._adapted.add(weight_name)
             write(self._part(layer, weight.device, part, rest), tuple(rest))
             self._touched[weight_name] = None
 
@@ -79,13 +83,9 @@ class AdapterMerger:
         return held
 
     def forget(self, weight_name: str) -> None:
-        """The layer of ``weight_name`` (if an adapted one) serves what it is sent from now on."""
-        if not weight_name.endswith(WEIGHT):
-            return
-        try:
-            layer = self.model.get_submodule(weight_name[: -len(WEIGHT)])
-        except AttributeError:
-            return
+        """The adapted layer of ``weight_name`` serves what it is sent from now on."""
+        self._adapted.discard(weight_name)
+        layer, _ = self._layer(weight_name)
         for key in (BASE, *PARTS):
             layer._buffers.pop(key, None)
 
