@@ -16,6 +16,11 @@ from rl_train.algorithms.config import PolicyLossConfig
 from rl_train.algorithms.kl import kl_penalty
 from rl_train.algorithms.policy_loss import POLICY_LOSSES
 from rl_train.algorithms.policy_loss_base import PolicyLossInputs, masked_mean
+from rl_train.algorithms.teacher_fields import (
+    STUDENT_TOPK_LOG_PROBS,
+    TEACHER_LOG_PROBS,
+    TEACHER_TOPK_LOG_PROBS,
+)
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[Batch, Batch], tuple[torch.Tensor, float, dict[str, float]]]
@@ -24,6 +29,7 @@ LossFn = Callable[[Batch, Batch], tuple[torch.Tensor, float, dict[str, float]]]
 def build_actor_loss_fn(cfg: PolicyLossConfig) -> LossFn:
     """Resolve the registered names once; the returned function never looks at a string."""
     policy_loss = POLICY_LOSSES.get(cfg.policy_loss)
+    reads_advantages = POLICY_LOSSES[cfg.policy_loss].reads_advantages
 
     def actor_loss(model_output: Batch, micro_batch: Batch) -> tuple[torch.Tensor, float, dict[str, float]]:
         mask = micro_batch["response_mask"]
@@ -32,9 +38,13 @@ def build_actor_loss_fn(cfg: PolicyLossConfig) -> LossFn:
             PolicyLossInputs(
                 old_log_prob=micro_batch["old_log_probs"],
                 log_prob=log_prob,
-                advantages=micro_batch["advantages"],
+                # a distillation-only loss ignores the task's advantages: a run may have none
+                advantages=micro_batch["advantages"] if reads_advantages else torch.zeros_like(mask),
                 response_mask=mask,
                 rollout_is_weights=micro_batch.get("rollout_is_weights"),
+                teacher_log_probs=micro_batch.get(TEACHER_LOG_PROBS),
+                teacher_topk_log_probs=micro_batch.get(TEACHER_TOPK_LOG_PROBS),
+                student_topk_log_probs=model_output.get(STUDENT_TOPK_LOG_PROBS),
             ),
             cfg,
         )

@@ -20,6 +20,7 @@ from rl_train.algorithms.advantage import ADV_ESTIMATORS
 from rl_train.algorithms.aggregation import AGGREGATORS
 from rl_train.algorithms.kl import KL_ESTIMATORS
 from rl_train.algorithms.policy_loss import POLICY_LOSSES
+from rl_train.algorithms.teacher_fields import DISTILL_TERMS
 from rl_train.algorithms.thresholds import parse_is_threshold, parse_rs_options, parse_rs_rules
 from rl_train.registry import Registry
 
@@ -44,6 +45,12 @@ def estimator_reads_greedy_baseline(name: str) -> bool:
     """Whether the estimator ``name`` reads a greedy baseline (the driver's step plan asks;
     the estimators and torch load in the queue actor only)."""
     return ADV_ESTIMATORS[name].needs.greedy_baseline
+
+
+def _distill_term(name: str) -> str:
+    if name not in DISTILL_TERMS:
+        raise ValueError(f"actor.distill_term {name!r} is not a distillation term; allowed: {', '.join(DISTILL_TERMS)}")
+    return name
 
 
 def norm_length_problem(mode: str, norm_length: float | None) -> str | None:
@@ -265,6 +272,10 @@ class PolicyLossConfig(StrictModel):
     """dppo_tv: trust-region radius on |pi(y) - pi_old(y)| of the sampled token."""
     dppo_kl_threshold: float = Field(0.05, gt=0.0)
     """dppo_kl: trust-region radius on the binary KL(pi_old(y) || pi(y)) of the sampled token."""
+    distill_coef: float = Field(1.0, ge=0.0)
+    """distillation_ppo: weight of the distillation term added to the PPO loss on the task's advantages."""
+    distill_term: Annotated[str, AfterValidator(_distill_term)] = "reverse_kl"
+    """distillation_ppo: the distillation term, reverse_kl (PPO clip on teacher_log_prob - old_log_prob) or forward_kl_topk (KL from the teacher's renormalised top-k)."""
 
     @model_validator(mode="after")
     def _norm_length_given(self) -> PolicyLossConfig:

@@ -25,6 +25,12 @@ class PolicyLossInputs:
     """[B, T] 1 on graded response tokens."""
     rollout_is_weights: torch.Tensor | None = None
     """[B, T] detached importance weights from rollout correction; multiplies the loss."""
+    teacher_log_probs: torch.Tensor | None = None
+    """[B, T] the teacher's log-prob of each sampled token (distillation losses, R-4.10)."""
+    teacher_topk_log_probs: torch.Tensor | None = None
+    """[B, T, k] the teacher's log-probs of its k most likely tokens at each position."""
+    student_topk_log_probs: torch.Tensor | None = None
+    """[B, T, k] the current policy's log-probs (full softmax) at the teacher's top-k ids, with grad."""
 
 
 PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossConfig], tuple[torch.Tensor, dict[str, torch.Tensor]]]

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rl_train.algorithms.teacher_fields import STUDENT_TOPK_LOG_PROBS, TEACHER_TOPK_IDS
 from rl_train.engines.model.loading import load_policy, save_policy
 from rl_train.engines.training import lora
 from rl_train.engines.training.config import ActorConfig
@@ -31,7 +32,7 @@ from rl_train.engines.training.micro_batch import length_sorted_micro_batches, s
 from rl_train.engines.training.protocol import ROUTES, Batch, LossFn, RoutesNotSupportedError
 from rl_train.engines.training.sharding import full, local, local_state, reshard_optimizer_state, shard_model
 from rl_train.engines.training.snapshot import WeightSnapshots
-from rl_train.engines.training.token_outputs import token_entropy, token_log_probs
+from rl_train.engines.training.token_outputs import token_entropy, token_log_probs, token_topk_log_probs
 
 
 def lr_lambda(cfg: ActorConfig, horizon_steps: int):
@@ -136,6 +137,8 @@ class TorchTrainingEngine:
         out = {"log_probs": token_log_probs(logits, micro_batch["input_ids"], self.temperature)}
         if with_entropy:
             out["entropy"] = token_entropy(logits, self.temperature)
+        if TEACHER_TOPK_IDS in micro_batch:  # a top-k distillation loss reads the student at those ids
+            out[STUDENT_TOPK_LOG_PROBS] = token_topk_log_probs(logits, micro_batch[TEACHER_TOPK_IDS], self.temperature)
         return out
 
     @torch.no_grad()
@@ -175,8 +178,9 @@ class TorchTrainingEngine:
             outputs = self._forward(self._to_device(micro), with_entropy)
             if index >= len(micro_batches):
                 continue  # a filler: its forward only keeps this rank in step with the others
-            for key, value in outputs.items():
-                parts.setdefault(key, []).append(torch.nn.functional.pad(value.cpu(), (0, width - value.shape[1])))
+            for key, value in outputs.items():  # padded along the positions, dim 1
+                pad = (0, 0) * (value.dim() - 2) + (0, width - value.shape[1])
+                parts.setdefault(key, []).append(torch.nn.functional.pad(value.cpu(), pad))
         if not parts:  # no row here
             empty = torch.zeros(0, width)
             return {"log_probs": empty, **({"entropy": empty} if with_entropy else {})}
@@ -202,7 +206,9 @@ class TorchTrainingEngine:
         count = torch.tensor([len(micro_batches)], device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         pad = int(self.tokenizer.pad_token_id)
-        filler = {key: torch.zeros((1, 1), dtype=value.dtype) for key, value in batch.items() if value.dim() == 2}
+        filler = {
+            key: torch.zeros((1, 1, *value.shape[2:]), dtype=value.dtype) for key, value in batch.items() if value.dim() >= 2
+        }
         filler["input_ids"] = torch.full((1, 1), pad, dtype=batch["input_ids"].dtype)
         filler["attention_mask"] = torch.ones((1, 1), dtype=batch["attention_mask"].dtype)
         return micro_batches + [filler] * (int(count) - len(micro_batches))

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import ray
 
+from rl_train.algorithms.policy_loss import POLICY_LOSSES
+from rl_train.algorithms.teacher_fields import TOPK_FIELDS, teacher_fields
 from rl_train.engines.node_address import node_address
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.nonfinite import NonFiniteStepGuard
@@ -36,7 +38,7 @@ if TYPE_CHECKING:  # bound for real by ``_import_engine_side``, in the actor's p
     )
     from rl_train.engines.workers.rendezvous import join_world
     from rl_train.engines.workers.rollout_worker import RolloutWorker
-    from rl_train.storage.records import collate, scatter_response
+    from rl_train.storage.records import collate, require_response_fields, scatter_response
 
 TRAJECTORY_FIELDS = ["prompt_ids", "response_ids"]
 FREEZE_TIMEOUT_SECONDS = 600.0
@@ -54,7 +56,7 @@ def _import_engine_side() -> None:
     3 s of CPU at every start, on the cores the run's other processes start on) for a
     process that never touches a tensor. ``tests/unit/test_driver_imports.py`` holds it."""
     global torch, build_actor_loss_fn, build_training_engine, run_sender, CheckpointSnapshot, clone_state, rng_state
-    global set_rng_state, join_world, collate, scatter_response, build_router_replay
+    global set_rng_state, join_world, collate, scatter_response, build_router_replay, require_response_fields
     import torch
 
     from rl_train.algorithms.actor_loss import build_actor_loss_fn
@@ -68,7 +70,7 @@ def _import_engine_side() -> None:
         set_rng_state,
     )
     from rl_train.engines.workers.rendezvous import join_world
-    from rl_train.storage.records import collate, scatter_response
+    from rl_train.storage.records import collate, require_response_fields, scatter_response
 
 
 class NotStartedError(RuntimeError):
@@ -228,7 +230,9 @@ class TrainerWorker:
         except ``actor/nonfinite_steps`` (the steps skipped for a NaN/inf grad norm, a count)
         and ``actor/nonfinite_steps_in_row``; too many in a row raise ``NonFiniteStepsError``.
         """
-        fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if self.cfg.kl_loss else [])
+        reads_advantages = POLICY_LOSSES[self.cfg.policy_loss].reads_advantages
+        fields = ["old_log_probs"] + (["advantages"] if reads_advantages else [])
+        fields += ["ref_log_probs"] if self.cfg.kl_loss else []
         # Whole records: collate also reads the RS-edited response_mask when the advantage phase wrote one.
         records = ray.get(self.tq.get.remote(partition, keys)) if keys else []
         missing = [f for f in TRAJECTORY_FIELDS + fields if records and f not in records[0]]
@@ -238,13 +242,20 @@ class TrainerWorker:
             )
         replay: RouterReplay = self.router_replay
         replay.check_update_records(records)
-        fields += [f for f in OPTIONAL_TOKEN_FIELDS if records and f in records[0]]
+        optional = OPTIONAL_TOKEN_FIELDS + ([] if reads_advantages else ["advantages"])
+        fields += [f for f in optional if records and f in records[0]]
+        # a distillation loss's teacher scores: every graded token has one, or the update stops
+        teacher = teacher_fields(self.cfg.policy_loss, self.cfg.distill_term)
+        topk = [f for f in teacher if f in TOPK_FIELDS]
+        fields += [f for f in teacher if f not in TOPK_FIELDS]
+        if teacher:
+            records = require_response_fields(records, keys, [f for f in teacher if f not in TOPK_FIELDS], topk)
         sums: dict[str, float] = {}
         steps = 0
         batches = []  # collated once: every epoch trains on the same mini-batches
         for part in range(num_mini_batches):
             chunk = records[part::num_mini_batches] if num_mini_batches > 1 else records
-            batch = collate(chunk, self.pad_token_id, fields)
+            batch = collate(chunk, self.pad_token_id, fields, topk)
             replay.route_update(batch, chunk)
             batches.append(batch)
         for _ in range(self.cfg.ppo_epochs):

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rl_train.algorithms.teacher_fields import STUDENT_TOPK_LOG_PROBS, TEACHER_TOPK_IDS
 from rl_train.engines.training.megatron.cpu_compat import megatron_on_this_device
 from rl_train.engines.training.megatron.moe_bridge import (
     recorded_routes,
@@ -30,7 +31,7 @@ from rl_train.engines.training.megatron.moe_bridge import (
     stop_routing_control,
 )
 from rl_train.engines.training.protocol import Batch, LossFn
-from rl_train.engines.training.token_outputs import token_entropy, token_log_probs
+from rl_train.engines.training.token_outputs import token_entropy, token_log_probs, token_topk_log_probs
 
 
 def check_right_padded(attention_mask: torch.Tensor) -> None:
@@ -50,15 +51,23 @@ def split_batch(batch: Batch, micro_batch_size: int) -> list[Batch]:
 
 
 def token_outputs(
-    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, vocab_size: int | None, with_entropy: bool
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperature: float,
+    vocab_size: int | None,
+    with_entropy: bool,
+    topk_ids: torch.Tensor | None = None,
 ) -> Batch:
     """``log_probs`` (and ``entropy``) from the model's logits; columns past ``vocab_size`` (the
-    padding of a vocabulary split over tensor-parallel ranks) are dropped first."""
+    padding of a vocabulary split over tensor-parallel ranks) are dropped first. With ``topk_ids``
+    (a teacher's top-k, ``[B, T, k]``) also ``student_topk_log_probs`` at those ids (R-4.10)."""
     if vocab_size is not None:
         logits = logits[..., :vocab_size]
     out = {"log_probs": token_log_probs(logits, input_ids, temperature)}
     if with_entropy:
         out["entropy"] = token_entropy(logits, temperature)
+    if topk_ids is not None:
+        out[STUDENT_TOPK_LOG_PROBS] = token_topk_log_probs(logits, topk_ids, temperature)
     return out
 
 
@@ -167,7 +176,9 @@ def forward_backward(
         logits = _logits(model, micro_batch)
 
         def loss(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-            outputs = token_outputs(output, micro_batch["input_ids"], temperature, vocab_size, with_entropy)
+            outputs = token_outputs(
+                output, micro_batch["input_ids"], temperature, vocab_size, with_entropy, micro_batch.get(TEACHER_TOPK_IDS)
+            )
             numerator, denominator, metrics = loss_fn(outputs, micro_batch)
             totals["numerator"] += float(numerator.detach())
             totals["denominator"] += float(denominator)
