@@ -349,6 +349,7 @@ def check_inputs(config: Config) -> None:
     from rl_train.engines.reward.model_config import check_reward_models
     from rl_train.engines.reward.router import RewardRouter
     from rl_train.engines.sandbox import require_sandbox
+    from rl_train.engines.teacher.config import check_teacher_path
     from rl_train.flows.resume import plan_run_start
     from rl_train.storage.dataset import load_prompts
 
@@ -357,6 +358,7 @@ def check_inputs(config: Config) -> None:
             f"model.path {config.model.path} does not exist (model.create_if_missing is off)"
         )
     check_reward_models(config.reward.models)
+    check_teacher_path(config.teacher)
     data = config.data
     needs_val = bool(config.trainer.val_every_steps or config.trainer.val_before_train)
     files = data.resolved_train_files() + data.resolved_val_files()

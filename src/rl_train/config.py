@@ -16,12 +16,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rl_train.algorithms.advantage import outcome_estimators
 from rl_train.algorithms.config import AlgorithmConfig, StrictModel
+from rl_train.algorithms.teacher_fields import TEACHER_TOPK_IDS, teacher_fields
 from rl_train.engines.agent.config import AgentConfig
 from rl_train.engines.reward.config import RewardConfig
 from rl_train.engines.rollout.registry import RolloutEngineName
 from rl_train.engines.rollout.sglang.config import SglangConfig, resolve_lora
 from rl_train.engines.rollout.tool_env import ToolEnvConfig
 from rl_train.engines.sandbox import SandboxConfig
+from rl_train.engines.teacher.config import TeacherConfig
 from rl_train.engines.training.config import ActorConfig
 from rl_train.engines.training.critic_config import CriticConfig, check_critic_enable
 from rl_train.engines.weight_sync.adapters import sends_adapters
@@ -182,6 +184,8 @@ class Config(StrictModel):
     """Checkpoints and resume: cadence, location, retention."""
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     """Untrusted code (the python tool's programs, agent commands): run under bubblewrap, with these limits."""
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    """On-policy distillation: the teacher model that scores the student's trajectories, in a pool of its own."""
 
     def untrusted_code(self, agent_loops: set[str], rewards: AbstractSet[str] = frozenset()) -> list[str]:
         """What of this run executes code nobody vetted, given the agent loops and the rewards
@@ -230,6 +234,37 @@ class Config(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _check_teacher(self) -> Config:
+        """A distillation loss has a teacher with what it reads; a teacher has a loss that reads it."""
+        loss, teacher = self.actor.policy_loss, self.teacher
+        fields = teacher_fields(loss, self.actor.distill_term)
+        if fields and not teacher.on:
+            raise ValueError(
+                f"actor.policy_loss {loss!r} trains on a teacher's scores: set teacher.path (an HF causal LM "
+                "directory with the student's tokenizer, e.g. runs/arith-tiny/policy, which the demo saves)"
+            )
+        if teacher.on and not fields:
+            raise ValueError(
+                f"teacher.path: got {teacher.path!r}, but actor.policy_loss {loss!r} reads no teacher score; use "
+                "reverse_kl, forward_kl_topk or distillation_ppo, or remove teacher.path"
+            )
+        if TEACHER_TOPK_IDS in fields and teacher.top_k == 0:
+            raise ValueError(
+                "teacher.top_k: got 0, but the forward KL over the teacher's top-k reads its k most likely tokens "
+                "at each position; set teacher.top_k (e.g. 8)"
+            )
+        if (
+            self.trainer.mode == "separate_async"
+            and teacher.device == "cuda"
+            and teacher.placement == "colocate"
+        ):
+            raise ValueError(
+                "teacher.placement: got 'colocate', but separate_async keeps its rollout replicas generating "
+                "while the teacher scores (R-2.6); use 'own_pool'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _resolve_critic(self) -> Config:
         """``critic.enable`` becomes what the estimator needs, and the critic's unset epochs and
         mini-batches the actor's (the resolved config states them)."""
@@ -270,9 +305,10 @@ class Config(StrictModel):
     @property
     def num_actors(self) -> int:
         """The actors a run creates at its start: the queue, the training ranks, the rollout
-        replicas, the reward workers and the critic's ranks (``WorkerPools.create``)."""
+        replicas, the reward workers, the critic's ranks and the teacher workers (``WorkerPools.create``)."""
         critics = self.critic.num_ranks if self.critic.enable else 0
-        return 1 + self.actor.num_ranks + self.rollout.num_replicas + self.reward.num_workers + critics
+        teachers = self.teacher.num_workers if self.teacher.on else 0
+        return 1 + self.actor.num_ranks + self.rollout.num_replicas + self.reward.num_workers + critics + teachers
 
     @property
     def optimizer_horizon_steps(self) -> int:

@@ -37,6 +37,8 @@ class StepPlan:
     """values before the advantage phase and critic_update after it (``critic.enable``)."""
     greedy_baseline: bool
     """One greedy answer per prompt, scored, for estimators that declare it (remax)."""
+    teacher: bool = False
+    """The teacher's per-token scores, for a distillation loss (``teacher.path``)."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> StepPlan:
@@ -44,6 +46,7 @@ class StepPlan:
             ref=cfg.actor.kl_loss or cfg.algorithm.kl_in_reward,
             critic=bool(cfg.critic.enable),
             greedy_baseline=estimator_reads_greedy_baseline(cfg.algorithm.adv_estimator),
+            teacher=cfg.teacher.on,
         )
 
 
@@ -89,6 +92,8 @@ def run_global_step(trainer: BaseTrainer, step: int, direct: bool, label: str | 
             part.update(run(tasks.greedy_baseline, run_id, batch_id))
         trainer.on_sample_end(step, local)
         part.update(run(tasks.reward, run_id, batch_id))
+        if plan.teacher:
+            part.update(run(tasks.teacher, run_id, batch_id))
         part.update(run(tasks.balance, run_id, batch_id))
         part.update(run(tasks.old_log_prob, run_id, batch_id))
         if plan.ref:

@@ -1,5 +1,5 @@
-"""One Prefect task per RL phase (R-3.1, R-3.2): generate, greedy_baseline, reward, balance,
-old_log_prob, ref, values, advantage, critic_update, update, weight_sync, plus validate.
+"""One Prefect task per RL phase (R-3.1, R-3.2): generate, greedy_baseline, reward, teacher,
+balance, old_log_prob, ref, values, advantage, critic_update, update, weight_sync, plus validate.
 
 Each task is thin: it joins the run by ``run_id`` (``tasks.context``), calls one engine pool or one
 algorithm function, and passes batch ids, never tensors, through Prefect. The undecorated
@@ -11,6 +11,7 @@ from rl_train.tasks.phases import (
     CRITIC_PHASES,
     GREEDY_BASELINE_PHASES,
     PHASES,
+    TEACHER_PHASES,
     advantage,
     balance,
     critic_update,
@@ -20,6 +21,7 @@ from rl_train.tasks.phases import (
     push_weights,
     ref,
     reward,
+    teacher,
     update,
     validate,
     values,
@@ -30,6 +32,7 @@ __all__ = [
     "CRITIC_PHASES",
     "GREEDY_BASELINE_PHASES",
     "PHASES",
+    "TEACHER_PHASES",
     "advantage",
     "balance",
     "critic_update",
@@ -39,6 +42,7 @@ __all__ = [
     "push_weights",
     "ref",
     "reward",
+    "teacher",
     "update",
     "validate",
     "values",

@@ -51,6 +51,15 @@ def reward(run_id: str, batch_id: str) -> dict[str, float]:
     return reward_metrics(pools.reward.score("train", pools.queue.batch(batch_id, ["keys"])["keys"]))
 
 
+@retrying_phase_task(name="teacher")
+def teacher(run_id: str, batch_id: str) -> dict[str, float]:
+    """(2, distillation) The teacher's scores of every response token of the batch, on the teacher
+    pool: a trajectory scored already for its current tokens is left as it is, so a retry after
+    a teacher worker died scores only what it had not written (R-4.10)."""
+    pools = join_run(run_id).pools
+    return pools.teacher.score("train", pools.queue.batch(batch_id, ["keys"])["keys"])
+
+
 @retrying_phase_task(name="balance")
 def balance(run_id: str, batch_id: str) -> dict[str, float]:
     """(3) Split the batch across DP ranks with even token counts (in the queue actor)."""
@@ -160,5 +169,7 @@ def validate(run_id: str, step: int) -> dict[str, float]:
 PHASES = ("generate", "reward", "balance", "old_log_prob", "ref", "advantage", "update", "weight_sync")
 CRITIC_PHASES = ("values", "critic_update")
 """Run only when the run has a critic (``critic.enable``, on for estimators that read values)."""
+TEACHER_PHASES = ("teacher",)
+"""Run only when the policy loss reads a teacher's scores (``teacher.path``)."""
 GREEDY_BASELINE_PHASES = ("greedy_baseline",)
 """Run only for estimators with a greedy baseline (remax)."""

@@ -86,6 +86,7 @@ class LaunchedPools:
             pools.trainer.read_data_parallel_ranks()
             pools.trainer.ping()
             pools.critic.ping()
+            pools.teacher.ping()  # the teacher loaded and its tokenizer checked: refused here, by name
             startup_clock.mark("trainer_ready")
             pools.weight_sync.open(self.weight_sync)
             pools.queue.warm_up()

@@ -12,7 +12,7 @@ and turns the plan into ``.options()`` for each actor.
   each (they take turns: rollout sleeps while training runs).
 - **GPU, separate_async** (R-2.6): the standalone rollout pool has devices of its own: a
   bundle, and a whole GPU, per replica, apart from the training ranks' bundles.
-- **Reward workers** (``reward.device``, ``reward.placement``): on the CPU they reserve nothing
+- **Reward and teacher workers** (``reward.device``, ``reward.placement``; the same ``teacher.*``): on the CPU they reserve nothing
   (like every CPU pool). On ``cuda`` in a pool of their own (``own_pool``) each gets a bundle of
   one GPU (group ``rewards``); colocated with the rollout (``colocate``), worker i takes
   ``COLOCATED_REWARD_GPU`` of replica i's bundle (round robin), and the replica (and a rank
@@ -51,43 +51,53 @@ class PlacementPlan:
     trainers: list[Slot] = field(default_factory=list)
     rollouts: list[Slot] = field(default_factory=list)
     rewards: list[Slot] = field(default_factory=list)
+    teachers: list[Slot] = field(default_factory=list)
+    strategy: str = "PACK"
+    """How GPU bundles are placed: PACK, or SPREAD with ``ray.spread``."""
 
 
 def plan_placement(config: Any) -> PlacementPlan:
-    """Every pool's slots: the training and rollout pools', then the reward workers'."""
+    """Every pool's slots: the training and rollout pools', then the reward and teacher workers'."""
     plan = _plan_trainers_and_rollouts(config)
-    _plan_rewards(config, plan)
+    reward = config.reward
+    plan.rewards = _plan_scorers(plan, "reward", reward.num_workers, reward.device, reward.placement)
+    teacher = config.teacher
+    count = teacher.num_workers if teacher.path else 0
+    plan.teachers = _plan_scorers(plan, "teacher", count, teacher.device, teacher.placement)
     return plan
 
 
-def _plan_rewards(config: Any, plan: PlacementPlan) -> None:
-    workers = config.reward.num_workers
-    if config.reward.device != "cuda":
-        plan.rewards = [Slot() for _ in range(workers)]
-        return
-    if config.reward.placement == "own_pool":
-        plan.groups["rewards"] = ([{"GPU": 1.0}] * workers, "SPREAD" if config.ray.spread else "PACK")
-        plan.rewards = [Slot(1.0, "rewards", i) for i in range(workers)]
-        return
+def _plan_scorers(plan: PlacementPlan, section: str, workers: int, device: str, placement: str) -> list[Slot]:
+    """The slots of a pool of scoring workers (the reward's, the teacher's), by the rules of the
+    module docstring: nothing on the CPU, a GPU each in a group of their own, or a share of a
+    rollout replica's GPU."""
+    if device != "cuda" or not workers:
+        return [Slot() for _ in range(workers)]
+    if placement == "own_pool":
+        group = f"{section}s"
+        plan.groups[group] = ([{"GPU": 1.0}] * workers, plan.strategy)
+        return [Slot(1.0, group, i) for i in range(workers)]
     if not plan.rollouts or plan.rollouts[0].group is None:
         raise ValueError(
-            "reward.placement: 'colocate' on reward.device 'cuda' shares the rollout replicas' GPUs, "
-            "but rollout.device is not 'cuda'; use reward.placement 'own_pool' or put rollout on cuda"
+            f"{section}.placement: 'colocate' on {section}.device 'cuda' shares the rollout replicas' GPUs, "
+            f"but rollout.device is not 'cuda'; use {section}.placement 'own_pool' or put rollout on cuda"
         )
+    slots = []
     for i in range(workers):
         host = plan.rollouts[i % len(plan.rollouts)]
-        plan.rewards.append(Slot(COLOCATED_REWARD_GPU, host.group, host.bundle))
-    hosted = {(s.group, s.bundle) for s in plan.rewards}
+        slots.append(Slot(COLOCATED_REWARD_GPU, host.group, host.bundle))
+    hosted = {(s.group, s.bundle) for s in slots}
     for slot in plan.rollouts:
         if (slot.group, slot.bundle) in hosted:
             slot.num_gpus = round(slot.num_gpus - COLOCATED_REWARD_GPU, 6)
+    return slots
 
 
 def _plan_trainers_and_rollouts(config: Any) -> PlacementPlan:
     ranks, replicas = config.actor.num_ranks, config.rollout.num_replicas
     train_gpu, rollout_gpu = config.actor.device == "cuda", config.rollout.device == "cuda"
     strategy = "SPREAD" if config.ray.spread else "PACK"
-    plan = PlacementPlan()
+    plan = PlacementPlan(strategy=strategy)
     if train_gpu and rollout_gpu and config.trainer.mode != "separate_async":
         plan.groups["colocated"] = ([{"GPU": 1.0}] * max(ranks, replicas), strategy)
         plan.trainers = [Slot(0.5, "colocated", i) for i in range(ranks)]
@@ -106,11 +116,20 @@ def _plan_trainers_and_rollouts(config: Any) -> PlacementPlan:
     return plan
 
 
-def realize(
-    plan: PlacementPlan,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
-    """(the trainers', the rollouts' and the reward workers' options, the placement groups
-    created): each group is ready (its resources reserved) when this returns."""
+@dataclass
+class Placed:
+    """Each pool's actors' ``.options()`` (in actor order), and the placement groups created."""
+
+    trainers: list[dict[str, Any]]
+    rollouts: list[dict[str, Any]]
+    rewards: list[dict[str, Any]]
+    teachers: list[dict[str, Any]]
+    groups: list[Any]
+
+
+def realize(plan: PlacementPlan) -> Placed:
+    """Every actor's options under ``plan``; each placement group is ready (its resources
+    reserved) when this returns."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -133,10 +152,11 @@ def realize(
             )
         return out
 
-    return (
+    return Placed(
         [options(s) for s in plan.trainers],
         [options(s) for s in plan.rollouts],
         [options(s) for s in plan.rewards],
+        [options(s) for s in plan.teachers],
         list(created.values()),
     )
 

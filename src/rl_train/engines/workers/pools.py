@@ -2,7 +2,8 @@
 
 One object per pool, each with its own launch and typed methods: the queue (``queue_pool``),
 the rollout replicas (``rollout_pool``), the training ranks (``trainer_pool``), the reward
-workers (``reward_pool``), the critic ranks (``critic_pool``), and the weight sync between the
+workers (``reward_pool``), the critic ranks (``critic_pool``), the teacher workers
+(``teacher_pool``), and the weight sync between the
 training and rollout pools (``weight_sync_link``). ``WorkerPools`` holds them for the flows
 and tasks, and does only what spans several pools: launch and rejoin, ReMax's greedy
 baseline, checkpoints, reviving replicas, teardown. Nothing above this package calls an
@@ -37,6 +38,8 @@ from rl_train.engines.workers.reward_pool import RewardPool
 from rl_train.engines.workers.reward_worker import RewardWorker
 from rl_train.engines.workers.rollout_pool import RolloutPool
 from rl_train.engines.workers.rollout_worker import RolloutWorker
+from rl_train.engines.workers.teacher_pool import TeacherPool, num_teacher_workers
+from rl_train.engines.workers.teacher_worker import TeacherWorker
 from rl_train.engines.workers.trainer_pool import TrainerPool
 from rl_train.engines.workers.trainer_worker import TrainerWorker
 from rl_train.engines.workers.weight_sync_link import PendingPush, WeightSyncLink
@@ -62,6 +65,7 @@ class WorkerClasses:
     trainer: type = TrainerWorker
     reward: type = RewardWorker
     critic: type = CriticWorker
+    teacher: type = TeacherWorker
 
 
 @dataclass
@@ -83,6 +87,8 @@ class WorkerPools:
     reward: RewardPool
     critic: CriticPool
     """Empty when the run has no critic."""
+    teacher: TeacherPool = field(default_factory=TeacherPool)
+    """Empty when the run's loss reads no teacher."""
     placement_groups: list[Any] = field(default_factory=list)
     """The placement groups of GPU pools and of ``ray.spread`` (removed at shutdown)."""
     weight_sync: WeightSyncLink = field(init=False)
@@ -107,20 +113,22 @@ class WorkerPools:
         half-way, the actors asked for so far are killed before raising."""
         classes = classes or WorkerClasses()
         launcher = ActorLauncher(run_namespace(run_id))
-        trainer_places, rollout_places, reward_places, groups = realize(plan_placement(config))
+        placed = realize(plan_placement(config))
+        groups = placed.groups
         try:
             queue = QueuePool.launch(launcher, classes.queue, config)
             queue_by_name = launcher.by_name(QUEUE_ACTOR)  # for actors Ray restarts (see named_actor)
             # the trainers first: the heaviest to start, and Ray starts only as many worker
             # processes at once as the node has CPUs
-            trainer = TrainerPool.launch(launcher, classes.trainer, config, queue.actor, trainer_places)
+            trainer = TrainerPool.launch(launcher, classes.trainer, config, queue.actor, placed.trainers)
             # reward.streaming: each replica hands its finished groups to the reward workers
             scorers = [launcher.by_name(f"reward-{i}") for i in range(config.reward.num_workers)]
             streaming = scorers if config.reward.streaming else []
-            rollout = RolloutPool.launch(launcher, classes.rollout, config, queue_by_name, rollout_places, streaming)
-            reward = RewardPool.launch(launcher, classes.reward, config, queue_by_name, reward_places)
+            rollout = RolloutPool.launch(launcher, classes.rollout, config, queue_by_name, placed.rollouts, streaming)
+            reward = RewardPool.launch(launcher, classes.reward, config, queue_by_name, placed.rewards)
             critic = CriticPool.launch(launcher, classes.critic, config, queue.actor)
-            pools = cls(run_id, queue, rollout, trainer, reward, critic, placement_groups=groups)
+            teacher = TeacherPool.launch(launcher, classes.teacher, config, queue_by_name, placed.teachers)
+            pools = cls(run_id, queue, rollout, trainer, reward, critic, teacher, placement_groups=groups)
             return LaunchedPools(pools, config.rollout.weight_sync, launcher.created, groups)
         except BaseException:
             kill_launched(None, launcher.created, groups)
@@ -153,6 +161,7 @@ class WorkerPools:
                 TrainerPool.rejoin(ns, config["actor"]["num_ranks"]),
                 RewardPool.rejoin(ns, config["reward"]["num_workers"]),
                 CriticPool.rejoin(ns, num_critic_ranks(config["critic"])),
+                TeacherPool.rejoin(ns, num_teacher_workers(config["teacher"])),
             )
         except (ValueError, ray.exceptions.RayActorError) as exc:
             raise RunGoneError(
@@ -239,7 +248,7 @@ class WorkerPools:
             return
         self._closed = True
         self.weight_sync.close()
-        for pool in (self.rollout, self.trainer, self.critic, self.reward, self.queue):
+        for pool in (self.rollout, self.trainer, self.critic, self.reward, self.teacher, self.queue):
             pool.kill()
         for group in self.placement_groups:
             with contextlib.suppress(Exception):
