@@ -43,8 +43,9 @@ class TeacherConfig(StrictModel):
 
 
 def check_teacher_path(teacher: TeacherConfig) -> None:
-    """Before a run starts: the teacher's directory exists and holds an HF model (its tokenizer
-    is checked against the student's when the workers start)."""
+    """Before a run starts, and in each teacher worker: the teacher's directory exists and holds
+    an HF model whose weights are safetensors (never a pickled ``.bin``: a teacher is a file from
+    outside the run); its tokenizer is checked against the student's when the workers start."""
     if teacher.path is None:
         return
     folder = Path(teacher.path)
@@ -53,7 +54,13 @@ def check_teacher_path(teacher: TeacherConfig) -> None:
             f"teacher.path {teacher.path} does not exist: train the teacher first (the demo, `bash scripts/demo.sh`, "
             "saves its policy as runs/arith-tiny/policy) or point teacher.path at an HF causal LM directory"
         )
-    if not (folder / "config.json").is_file() and not (folder / "adapter" / "adapter_config.json").is_file():
+    adapter = folder / "adapter"
+    if not (folder / "config.json").is_file() and not (adapter / "adapter_config.json").is_file():
         raise FileNotFoundError(
             f"teacher.path {teacher.path} holds no config.json (nor a LoRA adapter/): it is not an HF model directory"
+        )
+    if not any(folder.glob("*.safetensors")) and not (adapter / "adapter_model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"teacher.path {teacher.path} holds no *.safetensors weights; a teacher loads from safetensors only "
+            "(never a pickled .bin): save it with save_pretrained(..., safe_serialization=True)"
         )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from rl_train.algorithms.teacher_fields import TEACHER_LOG_PROBS, TEACHER_TOPK_IDS
-from rl_train.engines.teacher.config import TeacherConfig
+from rl_train.engines.teacher.config import TeacherConfig, check_teacher_path
 from rl_train.engines.teacher.scoring import TEACHER_SCORED_VERSIONS
 from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.engines.workers.placement import check_device
@@ -45,6 +45,7 @@ class TeacherWorker:
 
         self.cfg = TeacherConfig.model_validate(teacher)
         assert self.cfg.path is not None, "a teacher worker needs teacher.path"
+        check_teacher_path(self.cfg)  # on this worker's node
         check_device(self.cfg.device, "teacher.device")
         torch.set_num_threads(self.cfg.num_threads)
         self.device = torch.device("cuda" if self.cfg.device == "cuda" else "cpu")
