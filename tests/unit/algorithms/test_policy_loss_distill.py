@@ -105,11 +105,8 @@ def _hand(name: str, data: dict[str, list], with_is: bool, term: str, coef: floa
         for t in range(T):
             w = data["is"][i][t] if with_is else 1.0
             log_ratio = data["delta"][i][t]
-            parts = []  # (weight in the loss, term name)
-            if name == "distillation_ppo":
-                parts = [(1.0, "ppo"), (coef, term)]
-            else:
-                parts = [(1.0, name)]
+            # (weight in the loss, term name)
+            parts = [(1.0, "ppo"), (coef, term)] if name == "distillation_ppo" else [(1.0, name)]
             for weight, part in parts:
                 if part == "ppo":
                     value, grad = _ppo_token(data["adv"][i][t], log_ratio)

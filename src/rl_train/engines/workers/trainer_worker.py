@@ -242,8 +242,7 @@ class TrainerWorker:
             )
         replay: RouterReplay = self.router_replay
         replay.check_update_records(records)
-        optional = OPTIONAL_TOKEN_FIELDS + ([] if reads_advantages else ["advantages"])
-        fields += [f for f in optional if records and f in records[0]]
+        fields += [f for f in OPTIONAL_TOKEN_FIELDS if records and f in records[0]]
         # a distillation loss's teacher scores: every graded token has one, or the update stops
         teacher = teacher_fields(self.cfg.policy_loss, self.cfg.distill_term)
         topk = [f for f in teacher if f in TOPK_FIELDS]
