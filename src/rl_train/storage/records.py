@@ -84,7 +84,7 @@ def require_response_fields(
                 continue
             if graded and value is None:
                 raise KeyError(f"record {key!r} has graded response tokens but no {name!r} (its fields: {sorted(record)})")
-            if graded:
+            if graded and value is not None:
                 raise ValueError(f"record {key!r}: {name!r} has {len(value)} entries for its {length} response tokens")
             filled[name] = None  # zeros below, once the batch's k is known
         out.append(filled)
