@@ -201,3 +201,26 @@ def test_the_update_refuses_a_record_without_a_teacher_score_and_trains_with_the
     worker.tq.records["r3"] = {**scored, field: scored[field][:-1]}
     with pytest.raises(ValueError, match=f"record 'r3': '{field}' has"):
         worker.update("train", keys, num_mini_batches=1)
+
+
+def test_a_sharded_ranks_filler_micro_batch_carries_the_top_k_fields_and_adds_nothing(monkeypatch) -> None:
+    """A rank with fewer micro-batches than another runs fillers (``_matched``): one padded row
+    each, with every field, the ``[B, T, k]`` ones included, whose loss is 0 under every
+    distillation loss. (The other rank's count, 1, stands in for the all-reduce.)"""
+    from rl_train.engines.training import torch_engine
+
+    def other_rank_has_one(count: torch.Tensor, op: object) -> None:
+        count.fill_(1)
+
+    monkeypatch.setattr(torch_engine, "dist", SimpleNamespace(all_reduce=other_rank_has_one, ReduceOp=torch_engine.dist.ReduceOp))
+    batch = collate(_records(40, 1, count=2), 0, FIELDS, TOPK_FIELDS)
+    fake = SimpleNamespace(sharded=True, device=torch.device("cpu"), tokenizer=SimpleNamespace(pad_token_id=0))
+    passes = TorchTrainingEngine._matched(fake, [], batch)  # type: ignore[arg-type]
+    assert len(passes) == 1
+    filler = passes[0]
+    assert filler[TEACHER_TOPK_IDS].shape == (1, 1, K) and filler[TEACHER_TOPK_IDS].dtype == torch.long
+    assert filler[TEACHER_TOPK_LOG_PROBS].shape == (1, 1, K) and not filler["response_mask"].any()
+    outputs = {"log_probs": torch.zeros(1, 1), STUDENT_TOPK_LOG_PROBS: torch.zeros(1, 1, K)}
+    for loss, term in (("forward_kl_topk", "reverse_kl"), ("reverse_kl", "reverse_kl"), ("distillation_ppo", "forward_kl_topk")):
+        numerator, denominator, _ = build_actor_loss_fn(ActorConfig(policy_loss=loss, distill_term=term))(outputs, filler)
+        assert float(numerator) == 0.0 and denominator == 0.0
