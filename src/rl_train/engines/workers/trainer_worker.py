@@ -246,9 +246,10 @@ class TrainerWorker:
         # a distillation loss's teacher scores: every graded token has one, or the update stops
         teacher = teacher_fields(self.cfg.policy_loss, self.cfg.distill_term)
         topk = [f for f in teacher if f in TOPK_FIELDS]
-        fields += [f for f in teacher if f not in TOPK_FIELDS]
+        per_token = [f for f in teacher if f not in TOPK_FIELDS]
+        fields += per_token
         if teacher:
-            records = require_response_fields(records, keys, [f for f in teacher if f not in TOPK_FIELDS], topk)
+            records = require_response_fields(records, keys, per_token, topk)
         sums: dict[str, float] = {}
         steps = 0
         batches = []  # collated once: every epoch trains on the same mini-batches
