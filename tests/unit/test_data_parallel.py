@@ -75,6 +75,53 @@ def test_two_ranks_match_one_rank(tiny_model_dir: Path, tmp_path: Path) -> None:
         torch.testing.assert_close(two["grads"][name], param.grad, atol=1e-6, rtol=1e-5)
 
 
+DISTILL = {"policy_loss": "distillation_ppo", "distill_term": "forward_kl_topk", "loss_agg_mode": "seq-mean-token-mean"}
+TOPK = ["teacher_topk_ids", "teacher_topk_log_probs"]
+
+
+def _with_teacher_top_k(records: list[dict], vocab: int) -> list[dict]:
+    """The records with a teacher's top-4 on every response token (mass well below 1)."""
+    generator = torch.Generator().manual_seed(3)
+    out = []
+    for record in records:
+        length = len(record["response_ids"])
+        ids = torch.stack([torch.randperm(vocab, generator=generator)[:4] for _ in range(length)])
+        log_probs = (0.01 + 0.2 * torch.rand(length, 4, generator=generator)).log()
+        out.append({**record, "teacher_topk_ids": ids.tolist(), "teacher_topk_log_probs": log_probs.tolist()})
+    return out
+
+
+def _distill_rank_main(rank: int, world: int, port: int, model_dir: str, shards: list[list[dict]], out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    cfg = ActorConfig(**DISTILL, micro_batch_size=3)
+    engine = TorchTrainingEngine(model_dir, cfg, 10)
+    engine.optimizer.zero_grad(set_to_none=True)
+    batch = collate(shards[rank], 0, FIELDS, TOPK)
+    metrics = engine.forward_backward_batch(batch, build_actor_loss_fn(cfg), False)
+    if rank == 0:
+        grads = {n: p.grad.clone() for n, p in engine.model.named_parameters()}
+        torch.save({"grads": grads, "loss": metrics["actor/loss"]}, out)
+    dist.destroy_process_group()
+
+
+def test_two_ranks_match_one_rank_with_a_top_k_distillation_loss(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """R-4.10 beside R-4.3: the forward KL over a teacher's top-k takes the global denominator too."""
+    single = TorchTrainingEngine(tiny_model_dir, ActorConfig(**DISTILL), 10)
+    records = _with_teacher_top_k(_make_records(tiny_model_dir), int(single.model.config.vocab_size))
+    shards = [records[:7], records[7:]]
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_distill_rank_main, args=(2, _free_port(), str(tiny_model_dir), shards, str(out)), nprocs=2, join=True)
+    two = torch.load(out)
+
+    single.optimizer.zero_grad(set_to_none=True)
+    batch = collate(records, 0, FIELDS, TOPK)
+    metrics = single.forward_backward_batch(batch, build_actor_loss_fn(ActorConfig(**DISTILL)), False)
+    assert metrics["distill/forward_kl_topk"] > 0
+    assert abs(two["loss"] - metrics["actor/loss"]) < 1e-6
+    for name, param in single.model.named_parameters():
+        torch.testing.assert_close(two["grads"][name], param.grad, atol=1e-6, rtol=1e-5)
+
+
 def _fsdp_rank_main(rank: int, world: int, port: int, model_dir: str, shards: list[list[dict]], out: str) -> None:
     """Two updates on two FSDP2 ranks, then: the gathered weights, a state round trip on a
     fresh sharded engine (both make the same next update), and the saved policy."""

@@ -49,7 +49,8 @@ def estimator_reads_greedy_baseline(name: str) -> bool:
 
 def _distill_term(name: str) -> str:
     if name not in DISTILL_TERMS:
-        raise ValueError(f"actor.distill_term {name!r} is not a distillation term; allowed: {', '.join(DISTILL_TERMS)}")
+        allowed = ", ".join(DISTILL_TERMS)
+        raise ValueError(f"actor.distill_term {name!r} is not a distillation term; allowed: {allowed}")
     return name
 
 
@@ -275,7 +276,8 @@ class PolicyLossConfig(StrictModel):
     distill_coef: float = Field(1.0, ge=0.0)
     """distillation_ppo: weight of the distillation term added to the PPO loss on the task's advantages."""
     distill_term: Annotated[str, AfterValidator(_distill_term)] = "reverse_kl"
-    """distillation_ppo: the distillation term, reverse_kl (PPO clip on teacher_log_prob - old_log_prob) or forward_kl_topk (KL from the teacher's renormalised top-k)."""
+    """distillation_ppo: the distillation term, reverse_kl (PPO clip on teacher_log_prob - old_log_prob)
+    or forward_kl_topk (KL from the teacher's renormalised top-k)."""
 
     @model_validator(mode="after")
     def _norm_length_given(self) -> PolicyLossConfig:

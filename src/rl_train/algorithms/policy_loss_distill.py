@@ -39,14 +39,18 @@ def _field(inputs: PolicyLossInputs, name: str, loss: str) -> torch.Tensor:
     """``inputs.<name>``, or a clear error: no distillation loss trains on a missing score."""
     value = getattr(inputs, name)
     if value is None:
-        source = "the training engine computes it from teacher_topk_ids" if name == STUDENT_TOPK_LOG_PROBS else (
-            "the teacher phase must write it on every trajectory"
+        source = (
+            "the training engine computes it from teacher_topk_ids"
+            if name == STUDENT_TOPK_LOG_PROBS
+            else "the teacher phase must write it on every trajectory"
         )
         raise ValueError(f"policy loss {loss!r} reads {name}, which this micro-batch lacks ({source})")
     return value
 
 
-def reverse_kl_term(inputs: PolicyLossInputs, cfg: PolicyLossConfig, loss: str = "reverse_kl") -> tuple[torch.Tensor, Metrics]:
+def reverse_kl_term(
+    inputs: PolicyLossInputs, cfg: PolicyLossConfig, loss: str = "reverse_kl"
+) -> tuple[torch.Tensor, Metrics]:
     """The PPO clip on the distillation advantage ``teacher_log_prob - old_log_prob`` (detached)."""
     teacher = _field(inputs, TEACHER_LOG_PROBS, loss)
     gap = (teacher - inputs.old_log_prob).detach()
@@ -78,16 +82,21 @@ def compute_reverse_kl_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> 
     return reverse_kl_term(inputs, cfg)
 
 
-def compute_forward_kl_topk_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
+def compute_forward_kl_topk_loss(
+    inputs: PolicyLossInputs, cfg: PolicyLossConfig
+) -> tuple[torch.Tensor, Metrics]:
     """Forward KL from the teacher's top-k to the student, both renormalised over those k ids."""
     return forward_kl_topk_term(inputs, cfg)
 
 
 DISTILL_TERM_FNS = {"reverse_kl": reverse_kl_term, "forward_kl_topk": forward_kl_topk_term}
-"""``actor.distill_term`` -> the per-token term ``distillation_ppo`` adds (names: ``teacher_fields.DISTILL_TERMS``)."""
+"""``actor.distill_term`` -> the per-token term ``distillation_ppo`` adds (its names are
+``teacher_fields.DISTILL_TERMS``)."""
 
 
-def compute_distillation_ppo_loss(inputs: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, Metrics]:
+def compute_distillation_ppo_loss(
+    inputs: PolicyLossInputs, cfg: PolicyLossConfig
+) -> tuple[torch.Tensor, Metrics]:
     """PPO clip on the task's advantages plus ``distill_coef`` x the ``distill_term`` per token.
 
     The term's own PPO statistics (reverse_kl) are reported under ``distill/`` beside the task's."""

@@ -53,7 +53,9 @@ def collate(
     return batch
 
 
-def collate_topk(values: Sequence[Sequence[Sequence[float]]], starts: Sequence[int], width: int, ids: bool) -> torch.Tensor:
+def collate_topk(
+    values: Sequence[Sequence[Sequence[float]]], starts: Sequence[int], width: int, ids: bool
+) -> torch.Tensor:
     """``[B, width, k]`` with row ``i``'s ``[L][k]`` lists at positions ``starts[i]`` on, zeros
     elsewhere (a padded id is 0, a real token's id, harmless: the loss masks those positions).
     k is the first non-empty row's; a batch with none has k = 0."""
@@ -66,7 +68,10 @@ def collate_topk(values: Sequence[Sequence[Sequence[float]]], starts: Sequence[i
 
 
 def require_response_fields(
-    records: list[dict[str, Any]], keys: Sequence[str], token_fields: Sequence[str], topk_fields: Sequence[str] = ()
+    records: list[dict[str, Any]],
+    keys: Sequence[str],
+    token_fields: Sequence[str],
+    topk_fields: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """``records``, refused (``KeyError``/``ValueError`` naming the field and the record's key)
     when one with a graded response token (``response_mask`` 1) lacks a field or holds one of
@@ -83,9 +88,13 @@ def require_response_fields(
             if value is not None and len(value) == length:
                 continue
             if graded and value is None:
-                raise KeyError(f"record {key!r} has graded response tokens but no {name!r} (its fields: {sorted(record)})")
-            if graded:
-                raise ValueError(f"record {key!r}: {name!r} has {len(value)} entries for its {length} response tokens")
+                raise KeyError(
+                    f"record {key!r} has graded response tokens but no {name!r} (its fields: {sorted(record)})"
+                )
+            if graded and value is not None:
+                raise ValueError(
+                    f"record {key!r}: {name!r} has {len(value)} entries for its {length} response tokens"
+                )
             filled[name] = None  # zeros below, once the batch's k is known
         out.append(filled)
     for name in token_fields:
@@ -108,7 +117,9 @@ def _topk_width(records: list[dict[str, Any]], keys: Sequence[str], name: str) -
             if k is None:
                 k = len(row)
             elif len(row) != k:
-                raise ValueError(f"record {key!r}: {name!r} has a row of {len(row)} entries where the batch's have {k}")
+                raise ValueError(
+                    f"record {key!r}: {name!r} has a row of {len(row)} entries where the batch's have {k}"
+                )
     return k or 0
 
 

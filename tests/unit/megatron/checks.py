@@ -43,7 +43,7 @@ from rl_train.engines.training.megatron.schedule import (
     split_batch,
 )
 from rl_train.engines.training.registry import build_training_engine
-from rl_train.engines.training.token_outputs import token_log_probs
+from rl_train.engines.training.token_outputs import token_log_probs, token_topk_log_probs
 from rl_train.storage.records import collate
 
 SETTINGS = {"lr": 1e-3, "weight_decay": 0.0, "betas": (0.9, 0.999), "grad_clip": 1.0}
@@ -156,7 +156,46 @@ def one_rank(folder: str, hf_config: dict, out: str) -> dict[str, Any]:
     result["param_diff_vs_hf"] = max((params[n] - stepped[n]).abs().max().item() for n in stepped)
     torch.save(params, f"{out}/megatron-1.pt")
     torch_reference(folder, out)
+    result["distill_grad_diff_vs_hf"] = distillation_grad_diff(folder, hf_config, data)
     return result
+
+
+def distillation_grad_diff(folder: str, hf_config: dict, data: dict[str, torch.Tensor]) -> float:
+    """distillation_ppo with the top-k forward KL term (R-4.10) through the schedule, cut 1, 3
+    and 6 ways, against HF's gradient of the same loss: the student's top-k log-probs come from
+    the loss slot's logits, at the teacher's ids, aligned as the log-probs are."""
+    generator = torch.Generator().manual_seed(2)
+    rows, width = data["input_ids"].shape
+    vocab = hf_config["vocab_size"]
+    data = {
+        **data,
+        "old_log_probs": -2.0 - torch.rand(rows, width, generator=generator),
+        "advantages": torch.randn(rows, width, generator=generator),
+        "teacher_topk_ids": torch.randint(0, vocab, (rows, width, 4), generator=generator),
+        "teacher_topk_log_probs": (0.01 + 0.2 * torch.rand(rows, width, 4, generator=generator)).log(),
+    }
+    loss = build_actor_loss_fn(ActorConfig(policy_loss="distillation_ppo", distill_term="forward_kl_topk"))
+    reference = hf_reference(folder).train()
+    mask = data["attention_mask"]
+    logits = reference(
+        input_ids=data["input_ids"], attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)
+    ).logits
+    outputs = {
+        "log_probs": token_log_probs(logits, data["input_ids"], TEMPERATURE),
+        "student_topk_log_probs": token_topk_log_probs(logits, data["teacher_topk_ids"], TEMPERATURE),
+    }
+    numerator, denominator, _ = loss(outputs, data)
+    (numerator / denominator).backward()
+    want = hf_to_megatron({n: p.grad for n, p in reference.named_parameters()}, hf_config)
+    model, _ = build(folder, hf_config, 1, 0)
+    diff = 0.0
+    for cut in (1, 3, 6):
+        for param in model.parameters():
+            param.grad = None
+        _, total, _ = forward_backward(model, split_batch(data, cut), loss, TEMPERATURE)
+        got = {n: p.grad / total for n, p in model.named_parameters()}
+        diff = max(diff, *((got[n] - want[n]).abs().max().item() for n in want))
+    return diff
 
 
 ENGINE_LR = 1e-3

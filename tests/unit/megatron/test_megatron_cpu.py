@@ -67,6 +67,11 @@ def test_update_gradients_equal_hf_and_do_not_depend_on_the_cut(one_rank: dict[s
     assert one_rank["grad_diff_between_cuts"] < 1e-6, one_rank
 
 
+def test_the_distillation_loss_through_the_schedule_gives_the_hf_gradients(one_rank: dict[str, Any]) -> None:
+    """R-4.10: the student's top-k log-probs at a teacher's ids come from the loss slot's logits."""
+    assert one_rank["distill_grad_diff_vs_hf"] < 1e-5, one_rank
+
+
 def test_distributed_optimizer_update_equals_hf_with_adam(one_rank: dict[str, Any]) -> None:
     metrics = one_rank["metrics"]
     assert metrics["actor/nonfinite_steps"] == 0.0

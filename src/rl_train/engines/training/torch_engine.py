@@ -138,7 +138,8 @@ class TorchTrainingEngine:
         if with_entropy:
             out["entropy"] = token_entropy(logits, self.temperature)
         if TEACHER_TOPK_IDS in micro_batch:  # a top-k distillation loss reads the student at those ids
-            out[STUDENT_TOPK_LOG_PROBS] = token_topk_log_probs(logits, micro_batch[TEACHER_TOPK_IDS], self.temperature)
+            topk_ids = micro_batch[TEACHER_TOPK_IDS]
+            out[STUDENT_TOPK_LOG_PROBS] = token_topk_log_probs(logits, topk_ids, self.temperature)
         return out
 
     @torch.no_grad()
@@ -206,8 +207,10 @@ class TorchTrainingEngine:
         count = torch.tensor([len(micro_batches)], device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         pad = int(self.tokenizer.pad_token_id)
-        filler = {
-            key: torch.zeros((1, 1, *value.shape[2:]), dtype=value.dtype) for key, value in batch.items() if value.dim() >= 2
+        filler = {  # [B, T, ...]: one row, one position
+            key: torch.zeros((1, 1, *value.shape[2:]), dtype=value.dtype)
+            for key, value in batch.items()
+            if value.dim() >= 2
         }
         filler["input_ids"] = torch.full((1, 1), pad, dtype=batch["input_ids"].dtype)
         filler["attention_mask"] = torch.ones((1, 1), dtype=batch["attention_mask"].dtype)

@@ -242,14 +242,14 @@ class TrainerWorker:
             )
         replay: RouterReplay = self.router_replay
         replay.check_update_records(records)
-        optional = OPTIONAL_TOKEN_FIELDS + ([] if reads_advantages else ["advantages"])
-        fields += [f for f in optional if records and f in records[0]]
+        fields += [f for f in OPTIONAL_TOKEN_FIELDS if records and f in records[0]]
         # a distillation loss's teacher scores: every graded token has one, or the update stops
         teacher = teacher_fields(self.cfg.policy_loss, self.cfg.distill_term)
         topk = [f for f in teacher if f in TOPK_FIELDS]
-        fields += [f for f in teacher if f not in TOPK_FIELDS]
+        per_token = [f for f in teacher if f not in TOPK_FIELDS]
+        fields += per_token
         if teacher:
-            records = require_response_fields(records, keys, [f for f in teacher if f not in TOPK_FIELDS], topk)
+            records = require_response_fields(records, keys, per_token, topk)
         sums: dict[str, float] = {}
         steps = 0
         batches = []  # collated once: every epoch trains on the same mini-batches

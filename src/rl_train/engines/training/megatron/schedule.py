@@ -176,9 +176,8 @@ def forward_backward(
         logits = _logits(model, micro_batch)
 
         def loss(output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-            outputs = token_outputs(
-                output, micro_batch["input_ids"], temperature, vocab_size, with_entropy, micro_batch.get(TEACHER_TOPK_IDS)
-            )
+            topk_ids = micro_batch.get(TEACHER_TOPK_IDS)
+            outputs = token_outputs(output, micro_batch["input_ids"], temperature, vocab_size, with_entropy, topk_ids)
             numerator, denominator, metrics = loss_fn(outputs, micro_batch)
             totals["numerator"] += float(numerator.detach())
             totals["denominator"] += float(denominator)
