@@ -26,6 +26,8 @@ class TeacherConfig(StrictModel):
     """The teacher's softmax temperature for its log-probs."""
     num_workers: int = Field(1, ge=1)
     """Teacher worker actors; each prompt group goes whole to one (as in the reward pool)."""
+    streaming: bool = False
+    """Score each prompt group as soon as rollout finishes it, in the background on its teacher worker (as reward.streaming does for rewards), so that the teacher phase finds it scored; the phase scores whatever is still missing (a late group, one lost with a worker that died). On by default in the async modes."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the teacher workers run: cuda gives each a GPU (a whole one in its own pool, a share of a rollout replica's when colocated)."""
     placement: Literal["own_pool", "colocate"] = "own_pool"
