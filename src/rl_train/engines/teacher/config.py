@@ -12,6 +12,9 @@ from rl_train.algorithms.config import StrictModel
 MAX_TOP_K = 256
 """The most next-token candidates a teacher writes per response token (each costs two numbers
 per token in the queue and in checkpoints)."""
+TEACHER_SCORED_VERSIONS = "teacher_scored_versions"
+"""The record field holding its ``token_versions`` when the teacher scored it (``scoring``); here,
+where the teacher worker's module reads it without importing torch (the driver imports it)."""
 
 
 class TeacherConfig(StrictModel):

@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from rl_train.algorithms.teacher_fields import TEACHER_LOG_PROBS, TEACHER_TOPK_IDS
-from rl_train.engines.teacher.config import TeacherConfig
-from rl_train.engines.teacher.scoring import TEACHER_SCORED_VERSIONS
+from rl_train.engines.teacher.config import TEACHER_SCORED_VERSIONS, TeacherConfig
 from rl_train.engines.workers.named_actor import resolve_actor
 from rl_train.engines.workers.placement import check_device
 from rl_train.engines.workers.reward_stream import ScoringQueue
