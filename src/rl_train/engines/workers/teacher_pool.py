@@ -84,9 +84,5 @@ class TeacherPool:
                 totals[name] = combine((totals.get(name, 0.0), value))
         return totals
 
-    def streamed(self) -> list[dict[str, int]]:
-        """Each worker's background counts (``TeacherWorker.streamed``), in worker order."""
-        return list(ray.get([worker.streamed.remote() for worker in self.workers]))
-
     def kill(self) -> None:
         kill_actors(self.workers)
