@@ -40,6 +40,9 @@ ASYNC_DEFAULTS: dict[str, DefaultValue] = {
     # Groups are scored as they finish, beside rollout; the buffer samples scored groups only,
     # so a slow grader delays what is trained, never what is generated (R-6.1).
     "reward.streaming": True,
+    # The teacher scores each group as it finishes too, beside rollout: its phase then only
+    # reads what is there, and scores what is late or was lost with a worker.
+    "teacher.streaming": True,
 }
 COPY_PI_OLD = "algorithm.rollout_correction.bypass_current_version"
 """A trajectory generated wholly by pi_old's weights needs no second pass for its old log-probs

@@ -1,5 +1,5 @@
 """On-policy distillation end to end (R-4.10): a teacher pool scores every trajectory in each
-trainer mode, a teacher killed mid-step is restarted and the rest of its samples are scored by
+trainer mode (in the async modes mostly in the background, ``teacher.streaming``), a teacher killed mid-step is restarted and the rest of its samples are scored by
 the retried phase, and a teacher with another tokenizer is refused at start, by name."""
 
 from __future__ import annotations
@@ -77,15 +77,26 @@ def test_every_trained_trajectory_has_the_teachers_scores_in_each_mode(
     small_run_config: dict[str, Any], ray_local, mode: str, loss: str
 ) -> None:
     extra = {"distill_term": "forward_kl_topk"} if loss == "distillation_ppo" else {}
-    metrics = _fit(_config(small_run_config, mode, 2, policy_loss=loss, **extra))
+    config = _config(small_run_config, mode, 2, policy_loss=loss, **extra)
+    assert config.teacher.streaming == (mode != "sync")  # the async modes' default
+    metrics = _fit(config)
     assert [m["step"] for m in metrics] == [1, 2]
+    per_update = GROUPS * N / config.trainer.parameter_sync_step  # a step's rows: its local updates' mean
     for row in metrics:
-        # the async modes' batches may hold groups scored a step before (their phase leaves them)
-        assert 0 < row["teacher/scored"] <= GROUPS * N, row
+        # every trained trajectory was scored: by the phase, or before it (in the background as
+        # its group finished, with teacher.streaming)
+        assert row["teacher/scored"] + row["teacher/found_scored"] == per_update, row
         assert row["teacher/infra"] == 0.0
         assert "timing/teacher" in row
         key = "distill/reverse_kl" if loss == "reverse_kl" else "distill/forward_kl_topk"
         assert key in row, sorted(row)
+    if mode == "sync":
+        assert all(m["teacher/scored"] == GROUPS * N and m["teacher/streamed_groups"] == 0 for m in metrics)
+    else:  # the phase found most of each batch scored in the background already
+        assert sum(m["teacher/streamed_groups"] for m in metrics) > 0, metrics
+        assert sum(m["teacher/scored"] for m in metrics) < sum(m["teacher/found_scored"] for m in metrics), [
+            (m["teacher/scored"], m["teacher/found_scored"]) for m in metrics
+        ]
 
 
 def test_a_teacher_killed_mid_step_is_restarted_and_the_rest_of_its_samples_scored(

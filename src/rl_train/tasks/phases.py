@@ -55,7 +55,9 @@ def reward(run_id: str, batch_id: str) -> dict[str, float]:
 def teacher(run_id: str, batch_id: str) -> dict[str, float]:
     """(2, distillation) The teacher's scores of every response token of the batch, on the teacher
     pool: a trajectory scored already for its current tokens is left as it is, so a retry after
-    a teacher worker died scores only what it had not written (R-4.10)."""
+    a teacher worker died scores only what it had not written (R-4.10). With
+    ``teacher.streaming`` most were scored as their groups finished (``teacher/found_scored``);
+    ``teacher/scored`` counts what this phase scored itself."""
     pools = join_run(run_id).pools
     return pools.teacher.score("train", pools.queue.batch(batch_id, ["keys"])["keys"])
 

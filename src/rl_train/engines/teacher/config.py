@@ -12,6 +12,9 @@ from rl_train.algorithms.config import StrictModel
 MAX_TOP_K = 256
 """The most next-token candidates a teacher writes per response token (each costs two numbers
 per token in the queue and in checkpoints)."""
+TEACHER_SCORED_VERSIONS = "teacher_scored_versions"
+"""The record field holding its ``token_versions`` when the teacher scored it (``scoring``); here,
+where the teacher worker's module reads it without importing torch (the driver imports it)."""
 
 
 class TeacherConfig(StrictModel):
@@ -26,6 +29,8 @@ class TeacherConfig(StrictModel):
     """The teacher's softmax temperature for its log-probs."""
     num_workers: int = Field(1, ge=1)
     """Teacher worker actors; each prompt group goes whole to one (as in the reward pool)."""
+    streaming: bool = False
+    """Score each prompt group as soon as rollout finishes it, in the background on its teacher worker (as reward.streaming does for rewards), so that the teacher phase finds it scored; the phase scores whatever is still missing (a late group, one lost with a worker that died). On by default in the async modes."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the teacher workers run: cuda gives each a GPU (a whole one in its own pool, a share of a rollout replica's when colocated)."""
     placement: Literal["own_pool", "colocate"] = "own_pool"

@@ -25,14 +25,14 @@ from typing import Any
 import torch
 
 from rl_train.algorithms.teacher_fields import TEACHER_LOG_PROBS, TEACHER_TOPK_IDS, TEACHER_TOPK_LOG_PROBS
+from rl_train.engines.teacher.config import TEACHER_SCORED_VERSIONS
 
 logger = logging.getLogger(__name__)
 
-TEACHER_SCORED_VERSIONS = "teacher_scored_versions"
-"""The record's ``token_versions`` when the teacher scored it."""
 INFRA_PREFIX = "teacher: "
 
 Record = dict[str, Any]
+__all__ = ["TEACHER_SCORED_VERSIONS", "infra_fields", "needs_scoring", "score_records"]
 
 
 def needs_scoring(record: Record, top_k: int) -> bool:

@@ -124,7 +124,12 @@ class WorkerPools:
             # reward.streaming: each replica hands its finished groups to the reward workers
             scorers = [launcher.by_name(f"reward-{i}") for i in range(config.reward.num_workers)]
             streaming = scorers if config.reward.streaming else []
-            rollout = RolloutPool.launch(launcher, classes.rollout, config, queue_by_name, placed.rollouts, streaming)
+            # teacher.streaming: and to the teacher workers, sharded over the teacher pool apart
+            teachers = [launcher.by_name(f"teacher-{i}") for i in range(num_teacher_workers(config.teacher.model_dump()))]
+            teaching = teachers if config.teacher.streaming else []
+            rollout = RolloutPool.launch(
+                launcher, classes.rollout, config, queue_by_name, placed.rollouts, streaming, teaching
+            )
             reward = RewardPool.launch(launcher, classes.reward, config, queue_by_name, placed.rewards)
             critic = CriticPool.launch(launcher, classes.critic, config, queue.actor)
             teacher = TeacherPool.launch(launcher, classes.teacher, config, queue_by_name, placed.teachers)

@@ -1,6 +1,8 @@
-"""Streaming scores (``reward.streaming``): prompt groups scored as rollout finishes them.
+"""Streaming scores (``reward.streaming``, ``teacher.streaming``): prompt groups scored as
+rollout finishes them.
 
-Two sides, one module:
+Two sides, one module, shared by the reward pool and the teacher pool (each has its own
+hand-off and its own sharding, ``owner_of`` over its own size):
 
 - ``ScoreHandoff`` is the rollout replica's: when it tags a group ``finished`` it hands the
   group to its owner reward worker (``owner_of``) and goes on at once. The call carries the
@@ -46,12 +48,14 @@ Job = tuple[str, str, int]
 
 
 class ScoreHandoff:
-    """A rollout replica's side: hands finished groups to their reward workers, never waiting."""
+    """A rollout replica's side: hands finished groups to their scoring workers, never waiting."""
 
-    def __init__(self, scorers: list[NamedActor]) -> None:
+    def __init__(self, scorers: list[NamedActor], pool: str = "reward") -> None:
+        """``scorers``: one pool's workers (``pool`` names it in warnings)."""
         self._names = scorers
+        self._pool = pool
         self._actors: list[Any] | None = None
-        """Resolved at the first hand-off: the reward workers start after the replicas."""
+        """Resolved at the first hand-off: the scoring workers start after the replicas."""
 
     def __bool__(self) -> bool:
         return bool(self._names)
@@ -66,20 +70,26 @@ class ScoreHandoff:
             for actor, owned in zip(self._actors, groups_by_owner(groups, len(self._actors)), strict=True):
                 if owned:
                     actor.submit.remote(partition, owned, n, *(after or []))
-        except Exception as exc:  # a reward worker not (yet) there: the buffer hands them again
+        except Exception as exc:  # a worker not (yet) there: handed again by the buffer, or its phase scores them
             self._actors = None
-            logger.warning("streaming scores: could not hand %d group(s) to the reward pool: %s", len(groups), exc)
+            logger.warning(
+                "streaming scores: could not hand %d group(s) to the %s pool: %s", len(groups), self._pool, exc
+            )
 
 
 class ScoringQueue:
-    """A reward worker's side: groups waiting to be scored, and the thread that scores them."""
+    """A scoring worker's side: groups waiting to be scored, and the threads that score them."""
 
-    def __init__(self, score_groups: Callable[[str, list[str], int], int], max_concurrent: int = 1) -> None:
+    def __init__(
+        self, score_groups: Callable[[str, list[str], int], int], max_concurrent: int = 1, name: str = "reward"
+    ) -> None:
         """``score_groups(partition, groups, n)`` scores the groups still unscored, writes their
-        scores and returns how many it scored; ``max_concurrent``: batches scored at once."""
+        scores and returns how many it scored; ``max_concurrent``: batches scored at once;
+        ``name``: the pool's, for its threads' names."""
         if max_concurrent < 1:
             raise ValueError(f"reward.max_concurrent_batches: {max_concurrent} is not allowed; it must be at least 1")
         self._score_groups = score_groups
+        self._name = name
         self._max_concurrent = max_concurrent
         self._queue: deque[Job] = deque()
         self._queued: set[tuple[str, str]] = set()
@@ -98,7 +108,7 @@ class ScoringQueue:
             self._queue.extend((partition, g, n) for g in new)
             self._queued.update((partition, g) for g in new)
             if new and self._idle == 0 and len(self._threads) < self._max_concurrent:
-                thread = threading.Thread(target=self._loop, name=f"reward-stream-{len(self._threads)}", daemon=True)
+                thread = threading.Thread(target=self._loop, name=f"{self._name}-stream-{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
             self._cond.notify_all()
@@ -148,7 +158,7 @@ class ScoringQueue:
                 scored = self._score_groups(partition, groups, n)
                 with self._cond:
                     self.scored_groups += scored
-            except Exception as exc:  # left unscored: handed again by the buffer, or the reward phase scores them
+            except Exception as exc:  # left unscored: handed again by the buffer, or the pool's phase scores them
                 logger.warning("streaming scores: %d group(s) left unscored: %s: %s", len(groups), type(exc).__name__, exc)
             finally:
                 with self._cond:

@@ -59,9 +59,11 @@ class RolloutPool:
         queue: NamedActor,
         places: list[dict[str, Any]],
         scorers: list[NamedActor] | None = None,
+        teachers: list[NamedActor] | None = None,
     ) -> RolloutPool:
         """Ask Ray for ``rollout.num_replicas`` replicas (``places``: each one's placement options;
-        ``scorers``: the reward workers each hands its finished groups to, ``reward.streaming``)."""
+        ``scorers``: the reward workers each hands its finished groups to, ``reward.streaming``;
+        ``teachers``: the teacher workers it hands them to as well, ``teacher.streaming``)."""
         rollout = config.rollout
         arguments: dict[str, Any] = {
             "model_path": str(config.model.path),
@@ -74,6 +76,7 @@ class RolloutPool:
             "agent": rollout.agent.model_dump(),
             "sandbox": config.sandbox.model_dump(),
             "scorers": list(scorers or []),
+            "teachers": list(teachers or []),
         }
         return cls(
             [

@@ -67,6 +67,7 @@ class RolloutWorker:
         rescue: bool = False,
         sandbox: dict[str, Any] | None = None,
         scorers: list[NamedActor] | None = None,
+        teachers: list[NamedActor] | None = None,
     ) -> None:
         """``tool_env``: a ``rollout.tool_env`` dump; its tool call follows every train trajectory.
         ``engine``: the registered rollout engine (``rollout.engine``), built with ``engine_options``
@@ -77,7 +78,8 @@ class RolloutWorker:
         (R-2.7): it samples with the trainer's current weights, not pi_old's, whatever version
         they are tagged with, so its records say ``off_version``. ``scorers``: the reward
         workers (``reward.streaming``): each train group goes to its owner's queue as it is
-        tagged finished, without waiting for its scores."""
+        tagged finished, without waiting for its scores; ``teachers``: the teacher workers
+        (``teacher.streaming``), handed the same groups apart, sharded over their own pool."""
         keep_freed_memory()  # before the model: its tensors' pages stay the process's
         _import_engine_side()
         torch.set_num_threads(num_threads)
@@ -89,6 +91,7 @@ class RolloutWorker:
         self.tokenizer = self.engine.tokenizer
         self.tq = resolve_actor(tq)
         self.scoring = ScoreHandoff(list(scorers or []))
+        self.teaching = ScoreHandoff(list(teachers or []), pool="teacher")
         self.rescue = rescue
         self.off_version = rescue
         """Whether the weights served may not be exactly the version they are tagged with."""
@@ -146,7 +149,13 @@ class RolloutWorker:
     def _finish_groups(self, partition: str, keys: list[str], n: int) -> None:
         """Tag groups finished once their tool calls returned (``n`` trajectories each)."""
         ray.get(self.tq.set_tags.remote(partition, {k: dict(FINISHED) for k in keys}))
-        self.scoring.hand_off(partition, keys, n)
+        self._hand_off(partition, keys, n)
+
+    def _hand_off(self, partition: str, groups: list[str], n: int, after: list[Any] | None = None) -> None:
+        """Hand finished groups to the reward and the teacher workers that score them in the
+        background (each pool's own owners; ``after``: the queue writes that finished them)."""
+        self.scoring.hand_off(partition, groups, n, after)
+        self.teaching.hand_off(partition, groups, n, after)
 
     def _generate(
         self,
@@ -230,7 +239,7 @@ class RolloutWorker:
         batch.writes.append(self.tq.set_tags.remote(batch.partition, {key: dict(FINISHED)}))
         group.written = True
         batch.written_early.append(key)
-        self.scoring.hand_off(batch.partition, [key], batch.n, batch.writes[-2:])
+        self._hand_off(batch.partition, [key], batch.n, batch.writes[-2:])
 
     def _admit(self, batch: RolloutBatch, loop: str, more: More) -> list[Start]:
         """More queued groups, while the batch has room for them: the starts of those ``loop``
@@ -253,7 +262,7 @@ class RolloutWorker:
         unfinished, tool_deadlines, status = batch.final_tags(records, tags)
         batch.writes.append(self.tq.set_tags.remote(batch.partition, status))
         finished = [k for k, t in status.items() if t.get("status") == "finished"]
-        self.scoring.hand_off(batch.partition, finished, batch.n, batch.writes[-2:])
+        self._hand_off(batch.partition, finished, batch.n, batch.writes[-2:])
         ray.get(batch.writes)
         return batch.early_keys() + list(records), unfinished, tool_deadlines
 

@@ -2,7 +2,9 @@
 
 It follows the reward pool's rules: each prompt group goes whole to one worker (``owner_of``),
 the workers score at once, a worker that dies is restarted by Ray (``TEACHER_MAX_RESTARTS``)
-and the retried ``teacher`` phase scores what it had not written. A run whose loss reads no
+and the retried ``teacher`` phase scores what it had not written. With ``teacher.streaming`` the
+rollout replicas hand each finished group to the same owner as it finishes, and the phase finds
+most of the batch scored already. A run whose loss reads no
 teacher has an empty pool: every call is then a no-op.
 """
 
@@ -66,7 +68,8 @@ class TeacherPool:
 
     def score(self, partition: str, keys: list[str]) -> dict[str, float]:
         """Teacher fields on every trajectory of ``keys``: each prompt group's on the group's
-        owner, the workers at once. Returns the summed counts and the slowest worker's time."""
+        owner, the workers at once. Returns the counts summed over the workers
+        (``TeacherWorker.score``) and the slowest worker's time."""
         if not self.workers:
             return {}
         shards: list[list[str]] = [[] for _ in self.workers]
@@ -74,11 +77,11 @@ class TeacherPool:
             shards[owner_of(key.rsplit("/", 1)[0], len(self.workers))].append(key)
         busy = [(w, s) for w, s in zip(self.workers, shards, strict=True) if s]
         parts: list[dict[str, float]] = wait_all([RayPending(w.score.remote(partition, s)) for w, s in busy])
-        totals = {"teacher/scored": 0.0, "teacher/infra": 0.0, "teacher/seconds": 0.0}
+        totals: dict[str, float] = {}
         for part in parts:
-            totals["teacher/scored"] += part["teacher/scored"]
-            totals["teacher/infra"] += part["teacher/infra"]
-            totals["teacher/seconds"] = max(totals["teacher/seconds"], part["teacher/seconds"])
+            for name, value in part.items():
+                combine = max if name == "teacher/seconds" else sum
+                totals[name] = combine((totals.get(name, 0.0), value))
         return totals
 
     def kill(self) -> None:
