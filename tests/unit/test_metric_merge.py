@@ -92,6 +92,7 @@ def test_a_global_step_reports_every_local_update(monkeypatch: pytest.MonkeyPatc
         actor=SimpleNamespace(kl_loss=False),
         algorithm=SimpleNamespace(kl_in_reward=False, adv_estimator="grpo"),
         critic=SimpleNamespace(enable=False),
+        teacher=SimpleNamespace(on=False),
     )
     pools = SimpleNamespace(queue=SimpleNamespace(batch=lambda *_: {"groups": ["g"] * 8}))
     context = SimpleNamespace(replay_buffer=SimpleNamespace(release=lambda _: None), pools=pools, trained=[])
