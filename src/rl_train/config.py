@@ -18,6 +18,7 @@ from rl_train.algorithms.advantage import outcome_estimators
 from rl_train.algorithms.config import AlgorithmConfig, StrictModel
 from rl_train.algorithms.teacher_fields import TEACHER_TOPK_IDS, teacher_fields
 from rl_train.engines.agent.config import AgentConfig
+from rl_train.engines.agent.gateway_modes import GATEWAY_MODES
 from rl_train.engines.reward.config import RewardConfig
 from rl_train.engines.rollout.registry import RolloutEngineName
 from rl_train.engines.rollout.sglang.config import SglangConfig, resolve_lora
@@ -195,7 +196,7 @@ class Config(StrictModel):
             uses.append("the code_tests reward (the policy's code run against unit tests)")
         if "tool_agent" in agent_loops:
             uses.append("the python tool (agent loop tool_agent)")
-        if "gateway_agent" in agent_loops and self.rollout.agent.gateway_mode == "process":
+        if "gateway_agent" in agent_loops and GATEWAY_MODES[self.rollout.agent.gateway_mode].runs_untrusted_program:
             uses.append("rollout.agent.gateway_command (agent loop gateway_agent)")
         return uses
 

@@ -151,6 +151,7 @@ REGISTRIES = (
     "rl_train.engines.weight_sync.transports:TRANSPORTS",
     "rl_train.engines.agent.registry:AGENT_LOOPS",
     "rl_train.engines.agent.tools:TOOLS",
+    "rl_train.engines.agent.gateway_modes:GATEWAY_MODES",
     "rl_train.engines.rollout.tool_env:TOOL_ENVS",
     "rl_train.engines.reward.registry:REWARDS",
     "rl_train.engines.reward.gar_graders:GROUP_GRADERS",

@@ -392,3 +392,14 @@ def test_in_process_with_a_command_fails_at_load() -> None:
     with pytest.raises(ConfigError, match=r"rollout.agent: gateway_command: got \['a'\] with gateway_mode: in_process"):
         load_config(None, ["rollout.agent.gateway_mode=in_process", "rollout.agent.gateway_program=m:f", 'rollout.agent.gateway_command=["a"]'])
     assert os.environ.get("RL_TRAIN_TASK") is None  # nothing of an agent's leaks into the trainer
+
+
+def test_every_gateway_mode_the_config_allows_has_an_entry_and_only_process_runs_untrusted_code() -> None:
+    """The modes are a table (``GATEWAY_MODES``): the config's choices are its names, and what a
+    mode is (whether its agent is a program nobody vetted) is read from its entry."""
+    from rl_train.engines.agent.gateway_modes import GATEWAY_MODES
+
+    assert [AgentConfig(gateway_mode=m, gateway_program="" if GATEWAY_MODES[m].runs_untrusted_program else "m:f").gateway_mode for m in GATEWAY_MODES] == list(GATEWAY_MODES)
+    assert [m for m in GATEWAY_MODES if GATEWAY_MODES[m].runs_untrusted_program] == ["process"]
+    for mode in GATEWAY_MODES:
+        assert callable(GATEWAY_MODES.get(mode))

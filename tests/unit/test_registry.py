@@ -122,7 +122,10 @@ def test_nothing_is_registered_by_a_decorator_or_a_register_call() -> None:
     assert not registering, f"registration calls at {registering}: add to the table instead"
 
 
-CHOSEN_ON_PURPOSE = {"rl_train.bench.training_engines": "compares torch with megatron, each by name"}
+CHOSEN_ON_PURPOSE = {
+    "rl_train.bench.training_engines": "compares torch with megatron, each by name",
+    "rl_train.bench.gateway_agents": "compares an in-process agent with a process one, each by name",
+}
 """Modules whose list of names is a choice that happens to be every name today, not a copy."""
 
 

@@ -8,11 +8,12 @@ its ``data_source`` in ``by_data_source`` (the exact name, then its longest pref
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
 
 from rl_train.algorithms.config import StrictModel
+from rl_train.engines.agent.gateway_modes import GATEWAY_MODES
 from rl_train.engines.agent.registry import AGENT_LOOPS
 from rl_train.engines.sandbox import SandboxConfig
 
@@ -26,6 +27,14 @@ def check_agent_loop(name: str) -> str:
     """``name`` if it is a registered agent loop, else ``ValueError`` listing the loops."""
     return AGENT_LOOPS.check(name)
 
+
+
+def _known_gateway_mode(value: str) -> str:
+    """A mode of ``GATEWAY_MODES`` (the table holds the names; the config keeps no copy)."""
+    try:
+        return GATEWAY_MODES.check(value)
+    except ValueError as error:
+        raise ValueError(f"got {value!r}: {error}") from None
 
 class AgentConfig(StrictModel):
     default: str = "single_turn"
@@ -46,7 +55,7 @@ class AgentConfig(StrictModel):
     """Agent loops a rollout replica's background generation runs at once, the queued groups shared evenly among them; their engine calls share batches (calls that wait while one runs go together in the next)."""
     tool_threads: int = Field(16, ge=1)
     """tool_agent: tool calls run side by side on this many threads (a call waits for a free one); gateway_agent: agents run at once."""
-    gateway_mode: Literal["process", "in_process"] = "process"
+    gateway_mode: Annotated[str, AfterValidator(_known_gateway_mode)] = "process"
     """gateway_agent: how an agent runs. process: gateway_command, in a sandbox (the sandbox section) and a process group of its own, killed as a group at gateway_timeout_s plus a grace; in_process: gateway_program on a thread of the replica (trusted code only: a thread cannot be killed, so at the deadline its session is closed and the thread abandoned)."""
     gateway_command: list[str] = Field(default_factory=lambda: list(DEFAULT_GATEWAY_COMMAND))
     """gateway_agent (process): the agent's argv; {python} is the replica's interpreter. The agent reads the gateway's URL from OPENAI_BASE_URL, its session's key from OPENAI_API_KEY and its task from RL_TRAIN_TASK (never argv); the rest of the replica's environment is not passed on but PATH, PYTHONPATH and the locale."""
@@ -78,7 +87,7 @@ class AgentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_way_to_run(self) -> AgentConfig:
-        if self.gateway_mode == "in_process":
+        if not GATEWAY_MODES[self.gateway_mode].runs_untrusted_program:  # trusted code, gateway_program
             if "gateway_command" in self.model_fields_set:
                 raise ValueError(
                     f"gateway_command: got {self.gateway_command!r} with gateway_mode: in_process, which runs "

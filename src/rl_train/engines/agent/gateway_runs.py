@@ -34,6 +34,7 @@ from rl_train.engines.agent.agent_process import AgentProcess, agent_env, agent_
 from rl_train.engines.agent.agent_threads import AgentThread, Program, StuckThreadsError, load_program
 from rl_train.engines.agent.batcher import MicroBatcher
 from rl_train.engines.agent.gateway_core import GatewayCore
+from rl_train.engines.agent.gateway_modes import GATEWAY_MODES
 from rl_train.engines.agent.gateway_server import GatewayServer
 from rl_train.engines.agent.loop import AgentState, AgentTrajectory
 from rl_train.engines.agent.registry import FAILED
@@ -141,10 +142,8 @@ class GatewayBatch:
         """The run's ``sandbox.allow_unsandboxed`` (``AgentConfig.with_sandbox``)."""
         self.limits = agent_limits(cfg.gateway_timeout_s, GRACE_S, cfg.gateway_memory_mb)
         self.sampling = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
-        self.launch: Callable[[str, str, str], _ProcessAgent | _ThreadAgent] = self._process_agent
-        if cfg.gateway_mode == "in_process":
-            self.launch = self._thread_agent(load_program(cfg.gateway_program))
-        """(request id, session token, task) -> a running agent: the mode, chosen once."""
+        self.launch: Callable[[str, str, str], _ProcessAgent | _ThreadAgent] = GATEWAY_MODES.get(cfg.gateway_mode)(self)
+        """(request id, session token, task) -> a running agent: the mode's launcher, chosen once."""
         self.running: dict[str, _Running] = {}
         self.ended: dict[str, AgentTrajectory] = {}
 
@@ -259,3 +258,13 @@ def run_gateway_agents(
 ) -> list[AgentTrajectory]:
     """One trajectory per start, in order: the agent's session, or a ``FAILED`` or ``aborted`` one."""
     return GatewayBatch(gateway_for(engine), engine.tokenizer, params, cfg, stop).run(starts)
+
+
+def process_launcher(runs: GatewayBatch) -> Callable[[str, str, str], _ProcessAgent]:
+    """``gateway_mode: process``: each agent is ``gateway_command`` in the sandbox (``GATEWAY_MODES``)."""
+    return runs._process_agent
+
+
+def thread_launcher(runs: GatewayBatch) -> Callable[[str, str, str], _ThreadAgent]:
+    """``gateway_mode: in_process``: each agent is ``gateway_program`` on a thread (``GATEWAY_MODES``)."""
+    return runs._thread_agent(load_program(runs.cfg.gateway_program))
