@@ -9,6 +9,9 @@ is refused; one naming an adapter unloaded since is loaded again from its folder
 each name's path for that). The built-in engine behind the server serves an adapter merged
 into its weights, switched per batch of requests that name the same adapter (the layers
 another adapter left merged get a zero update, so they serve their base weights bit for bit).
+A batch holds its adapter merged until it ends (``serving``): a batch naming another adapter,
+or a read of the base weights, waits for it, so no batch is decoded partly under another's
+adapter (sglang serves adapters side by side; the test server takes them in turn).
 Full weights loaded replace the base and leave the adapters loaded, applied over the new base,
 as sglang does; ``/get_weights_by_name`` answers the base weights, without any adapter.
 """
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,8 @@ class LoraServing:
         """The adapter merged into the engine now (None: the base)."""
         self.requests: dict[str, int] = {}
         """Generate requests per ``lora_path`` named (``"base"`` for none)."""
+        self.turn = threading.RLock()
+        """Held from merging an adapter until the work that needed it merged ends."""
 
     def state(self) -> dict[str, Any]:
         return {"loaded": sorted(self.loaded), "applied": self.applied, "requests": dict(self.requests)}
@@ -73,9 +79,17 @@ class LoraServing:
             raise ValueError(f"no adapter tensors in {folder}")
         return adapter
 
+    @contextmanager
+    def serving(self, name: str | None) -> Iterator[None]:
+        """Adapter ``name`` (None: the base) merged for as long as the block runs."""
+        with self.turn:
+            self.apply(name)
+            yield
+
     def apply(self, name: str | None) -> None:
-        """Merge adapter ``name`` (None: none) into the engine, under the weights lock."""
-        with self.lock:
+        """Merge adapter ``name`` (None: none) into the engine, under the weights lock, in its
+        turn (while no batch is served under another adapter)."""
+        with self.turn, self.lock:
             if name == self.applied:
                 return
             tensors = dict(self.loaded[name]) if name is not None else {}

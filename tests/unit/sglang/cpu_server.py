@@ -128,9 +128,9 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
             groups.setdefault((*key, adapters[i]), []).append(i)
         out: list[dict[str, Any]] = [{} for _ in ids]
         for (temperature, top_p, max_new, ignore_eos, adapter), rows in groups.items():
-            lora.apply(adapter)
             sampling = SamplingParams(temperature, top_p, int(max_new), params[rows[0]].get("sampling_seed"), ignore_eos)
-            results = engine.generate([GenerationRequest(rids[i], ids[i]) for i in rows], sampling)
+            with lora.serving(adapter):
+                results = engine.generate([GenerationRequest(rids[i], ids[i]) for i in rows], sampling)
             for i, result in zip(rows, results, strict=True):
                 out[i] = {
                     "output_ids": result.response_ids,
@@ -251,8 +251,11 @@ def build_app(model_dir: str, seed: int) -> FastAPI:
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
     async def weights_by_name(request: Request) -> Any:
         body = await request.json()
-        await asyncio.to_thread(lora.apply, None)  # sglang holds the base weights, its adapters apart
-        weights = dict(engine.export_weights())
+        def base_weights() -> dict[str, torch.Tensor]:
+            with lora.serving(None):  # sglang holds the base weights, its adapters apart
+                return dict(engine.export_weights())
+
+        weights = await asyncio.to_thread(base_weights)
         if body["name"] not in weights:
             return JSONResponse({"object": "error", "message": f"no parameter {body['name']}", "code": 400}, 400)
         return weights[body["name"]].float().tolist()

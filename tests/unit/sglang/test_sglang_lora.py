@@ -9,7 +9,9 @@ with LoRA for such a run."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,33 @@ def test_an_adapter_sync_is_served_by_name_and_replaces_the_last(
     assert second != first and server_lora(engine)["loaded"] == [second]  # the last one unloaded
     assert staged(engine) == [second]
     assert_trainer_agrees(trainer, generate(engine))
+
+
+def test_a_batch_in_flight_keeps_its_weights_while_another_names_an_adapter(
+    engine: SglangRolloutEngine, trainer: TorchTrainingEngine
+) -> None:
+    """The test server's own contract (each batch under its adapter from first token to last),
+    which every log-prob check here rests on: a base batch still decoding when a generate names
+    an adapter ends as it would alone, and the adapter's batch agrees with the trainer."""
+    engine.update_weights(iter(adapters(trainer).items()), version=1)
+    url = engine.client.url
+    params = {"temperature": 1.0, "max_new_tokens": 160, "ignore_eos": True, "sampling_seed": 3}
+    body = {"input_ids": [[1, 4, 14, 4, 18], [1, 9, 14, 7, 18]] * 2, "sampling_params": params, "return_logprob": True}
+
+    def base() -> list[Any]:
+        answer = httpx.post(f"{url}/generate", json=body, timeout=60)
+        answer.raise_for_status()
+        return [r["meta_info"]["output_token_logprobs"] for r in answer.json()]
+
+    alone = base()
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(base)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/get_load", timeout=10).json()[0]["num_reqs"] == 0 and not in_flight.done():
+            assert time.monotonic() < deadline, "the base batch never started decoding"
+            time.sleep(0.005)
+        assert_trainer_agrees(trainer, generate(engine))
+        assert in_flight.result() == alone
 
 
 def test_the_adapter_folder_loads_with_peft_as_the_torch_engine_serves_it(
