@@ -63,6 +63,11 @@ def test_a_key_some_updates_lack_averages_over_those_that_have_it() -> None:
         ("critic/lr", [1.0, 2.0], 2.0),
         ("actor/router_replay_tokens", [10.0, 20.0], 30.0),
         ("balance/max_rank_tokens", [100.0, 300.0], 200.0),
+        ("teacher/scored", [16.0, 16.0, 8.0, 16.0], 56.0),
+        ("teacher/found_scored", [0.0, 8.0], 8.0),
+        ("teacher/infra", [1.0, 0.0, 2.0], 3.0),
+        ("teacher/streamed_groups", [4.0, 3.0], 7.0),
+        ("teacher/seconds", [0.5, 1.5], 1.0),
     ],
 )
 def test_each_kind_of_key(key: str, values: list[float], expected: float) -> None:

@@ -9,7 +9,9 @@ How each key combines, by its name:
 
 - counts (``agent/trajectories``, ``agent/tool_calls/<tool>``, ``agent/tool_errors/<tool>``,
   ``actor/nonfinite_steps``, ``actor/router_replay_tokens``, ``reward/infra_failures``,
-  ``reward/infra_failures/<data_source>``, ``greedy_baseline/infra`` and GAR's ``gar/*``) add up;
+  ``reward/infra_failures/<data_source>``, ``greedy_baseline/infra``, GAR's ``gar/*`` and the
+  teacher's ``teacher/scored``, ``teacher/found_scored``, ``teacher/infra`` and
+  ``teacher/streamed_groups``) add up;
 - extremes (``.../max``, ``..._max``; ``.../min``, ``..._min``) take the step's extreme;
 - states that only the end of the step tells (``actor/lr``, ``critic/lr``,
   ``actor/nonfinite_steps_in_row``) take the last update's value;
@@ -30,6 +32,10 @@ SUMMED = frozenset(
         "actor/router_replay_tokens",
         "reward/infra_failures",
         "greedy_baseline/infra",
+        "teacher/scored",
+        "teacher/found_scored",
+        "teacher/infra",
+        "teacher/streamed_groups",
     }
 )
 LAST = frozenset({"actor/lr", "critic/lr", "actor/nonfinite_steps_in_row"})
